@@ -1,0 +1,50 @@
+"""StreamResult: the immutable outcome of one generation stream, built by both twins."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ("StreamResult",)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class StreamResult:
+    """What one /generate stream produced (or the prefix observed so far).
+
+    Arrays are owned by the result (copies of the accumulator's buffers). ``logprobs`` is NaN where
+    the server sent ``null``; ``text``, ``logprobs``, top-p and routed experts are None when the
+    stream carried none. ``meta_info`` is the newest event's meta_info without the token-aligned
+    lists and the decoded base64 arrays.
+    """
+
+    mode: str
+    token_ids: npt.NDArray[np.int32]
+    logprobs: npt.NDArray[np.float64] | None = None
+    text: str | None = None
+    finish_reason: dict[str, Any] | None = None
+    meta_info: dict[str, Any] = field(default_factory=dict)
+    completion_tokens: int = 0
+    top_p_token_ids: npt.NDArray[np.int32] | None = None
+    top_p_token_offsets: npt.NDArray[np.int32] | None = None
+    routed_experts: npt.NDArray[np.int32] | None = None
+    events: int = 0
+    aborted: bool = False
+
+    @property
+    def finished(self) -> bool:
+        """A terminal finish_reason was received."""
+        return self.finish_reason is not None
+
+    def __len__(self) -> int:
+        return int(self.token_ids.shape[0])
+
+    def __repr__(self) -> str:
+        kind = (self.finish_reason or {}).get("type") if self.finish_reason else None
+        return (
+            f"StreamResult(mode={self.mode!r}, tokens={len(self)}, finish={kind!r}, "
+            f"events={self.events}, aborted={self.aborted})"
+        )

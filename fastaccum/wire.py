@@ -1,0 +1,321 @@
+"""SGLang /generate SSE writer: events exactly as SGLang serializes them, for the emulator and tests.
+
+Follows ../shared/docs/sglang-stream-format.md: orjson, compact, ``data: <json>\\n\\n``, the 0.5.23
+``meta_info`` key order, cumulative or incremental lists, terminal-only routed experts and top-p,
+abort echo chunks (0.5.23 and 0.5.15 flavours) and error events. A deterministic token source,
+``synthetic_generation``, makes every token a pure function of (seed, rid, position) so a test can
+check a whole stream end to end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+import pybase64
+
+__all__ = (
+    "DONE",
+    "Generation",
+    "WireOptions",
+    "synthetic_generation",
+    "emission_points",
+    "normal_event",
+    "echo_event",
+    "error_event",
+    "coalesce",
+    "encode_int32",
+    "sse",
+    "stream_events",
+    "stream_bytes",
+    "split_pieces",
+    "TEXT_PIECES",
+)
+
+DONE = b"data: [DONE]\n\n"
+
+# Pieces a synthetic token decodes to: multi-byte UTF-8, emoji, U+2028/U+2029/U+0085 (which
+# orjson writes raw), JSON escapes, special-token text and empty strings all occur.
+TEXT_PIECES: tuple[str, ...] = (
+    "The", " answer", " is", " 4", ".", " 日本", "語", " 🙂", "\u2028", " é", "\n", '"q"',
+    "\\", "\t", "", " ok", "<|im_end|>", "\u2029", "\x85", "\r\n", " 中文", "\x0b\x0c", " Ω", "/",
+)
+_SLICED_KEYS = ("output_token_logprobs",)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """Everything the server would produce for one request, position by position."""
+
+    rid: str
+    prompt_tokens: int
+    token_ids: Sequence[int]
+    logprobs: Sequence[float | None]
+    token_texts: Sequence[str]
+    finish_reason: dict[str, Any] | None = None
+    top_p_rows: Sequence[Sequence[int]] | None = None
+    routed_experts: npt.NDArray[np.int32] | None = None  # (prompt + n - 1, layers, topk)
+    weight_version: str = "default"
+
+    def text(self, start: int, end: int) -> str:
+        return "".join(self.token_texts[start:end])
+
+
+@dataclass(frozen=True)
+class WireOptions:
+    """Server and request switches that change the bytes on the wire."""
+
+    incremental: bool = False  # --incremental-streaming-output
+    return_logprob: bool = True
+    logprob_text: bool = False  # return_text_in_logprobs
+    skip_tokenizer_init: bool = False  # no "text" key at all
+    version: str = "0.5.23"  # or "0.5.15"
+    extra_meta: dict[str, Any] = field(default_factory=dict)
+
+
+def _hash_u64(seed: int, rid: str, salt: int, positions: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """splitmix64 of (seed, rid, salt, position): stable across runs and prefix-stable in n."""
+    digest = hashlib.blake2b(f"{seed}/{rid}/{salt}".encode(), digest_size=8).digest()
+    with np.errstate(over="ignore"):
+        z = positions * np.uint64(0x9E3779B97F4A7C15) + np.uint64(int.from_bytes(digest, "little"))
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def synthetic_generation(
+    rid: str,
+    n: int,
+    *,
+    seed: int = 0,
+    prompt_tokens: int = 16,
+    vocab: int = 151_000,
+    finish_reason: dict[str, Any] | None = None,
+    top_p: bool = False,
+    expert_shape: tuple[int, int] | None = None,
+    num_experts: int = 128,
+    null_logprob_every: int = 0,
+) -> Generation:
+    """A deterministic generation of ``n`` tokens for ``rid``; token i never depends on ``n``."""
+    pos = np.arange(n, dtype=np.uint64)
+    h = _hash_u64(seed, rid, 1, pos)
+    ids = (h % np.uint64(vocab)).astype(np.int64)
+    # float32 logprobs widened to double, as SGLang's .tolist() does: 17-digit reprs, e-notation.
+    scale = ((h >> np.uint64(20)) % np.uint64(1_000_000)).astype(np.float64) / 1e6
+    exponent = ((h >> np.uint64(40)) % np.uint64(9)).astype(np.float64)
+    lp32 = (-(scale * 10.0 ** -exponent)).astype(np.float32)
+    logprobs: list[float | None] = [float(x) for x in lp32.astype(np.float64)]
+    if null_logprob_every:
+        for i in range(0, n, null_logprob_every):
+            logprobs[i] = None
+    texts = [TEXT_PIECES[int(t) % len(TEXT_PIECES)] for t in ids]
+    rows = None
+    if top_p:
+        h2 = _hash_u64(seed, rid, 2, pos)
+        rows = []
+        for i in range(n):
+            width = int(h2[i] % np.uint64(4))
+            extra = [int((h2[i] >> np.uint64(8 + 12 * j)) % np.uint64(vocab)) for j in range(width)]
+            rows.append(sorted({int(ids[i]), *extra}))
+    routed = None
+    if expert_shape is not None:
+        layers, topk = expert_shape
+        count = max(prompt_tokens + n - 1, 0) * layers * topk
+        h3 = _hash_u64(seed, rid, 3, np.arange(count, dtype=np.uint64))
+        routed = (h3 % np.uint64(num_experts)).astype(np.int32).reshape(-1, layers, topk)
+    if finish_reason is None:
+        finish_reason = {"type": "stop", "matched": int(ids[-1])} if n else {"type": "length", "length": 0}
+    return Generation(
+        rid=rid,
+        prompt_tokens=prompt_tokens,
+        token_ids=[int(t) for t in ids],
+        logprobs=logprobs,
+        token_texts=texts,
+        finish_reason=finish_reason,
+        top_p_rows=rows,
+        routed_experts=routed,
+    )
+
+
+def emission_points(n: int, interval: int, version: str = "0.5.23") -> list[int]:
+    """Token counts at which events go out for single-token decode steps (the last one terminal).
+
+    0.5.23 sends the first id at once, then whenever >= interval ids are unsent; 0.5.15 sends when
+    len(output_ids) % interval == 1. With one id per step both give 1, 1+N, 1+2N, ...
+    """
+    if n <= 0:
+        return [0]
+    if version == "0.5.15" and interval > 1:
+        points = [k for k in range(1, n + 1) if k % interval == 1]
+    else:
+        points = list(range(1, n + 1, max(interval, 1)))
+    if points[-1] != n:
+        points.append(n)
+    return points
+
+
+def encode_int32(values: npt.ArrayLike) -> str:
+    """Standard padded base64 of little-endian int32 bytes, C order."""
+    return pybase64.b64encode(np.ascontiguousarray(values, dtype="<i4").tobytes()).decode("ascii")
+
+
+def _top_p_fields(rows: Sequence[Sequence[int]]) -> dict[str, str]:
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(r) for r in rows])
+    flat = [t for r in rows for t in r]
+    return {"top_p_token_ids": encode_int32(flat), "top_p_token_offsets": encode_int32(offsets)}
+
+
+def _logprob_triples(gen: Generation, opts: WireOptions, start: int, end: int) -> list[list[Any]]:
+    texts = gen.token_texts if opts.logprob_text and not opts.skip_tokenizer_init else None
+    return [
+        [gen.logprobs[i], gen.token_ids[i], texts[i] if texts is not None else None]
+        for i in range(start, end)
+    ]
+
+
+def normal_event(
+    gen: Generation,
+    opts: WireOptions,
+    start: int,
+    end: int,
+    *,
+    terminal: bool = False,
+    finish_reason: dict[str, Any] | None = None,
+    first: bool = False,
+    routed_rows: int | None = None,
+) -> dict[str, Any]:
+    """The event SGLang sends when ids ``[start, end)`` are new (start is ignored in cumulative mode).
+
+    ``finish_reason`` overrides ``gen.finish_reason`` on the terminal event (e.g. an abort).
+    """
+    lo = start if opts.incremental else 0
+    out: dict[str, Any] = {}
+    if not opts.skip_tokenizer_init:
+        out["text"] = gen.text(lo, end)
+    out["output_ids"] = list(gen.token_ids[lo:end])
+    reason = (finish_reason or gen.finish_reason) if terminal else None
+    meta: dict[str, Any] = {
+        "id": gen.rid,
+        "finish_reason": reason,
+        "prompt_tokens": gen.prompt_tokens,
+        "weight_version": gen.weight_version,
+        "num_retractions": 0,
+    }
+    if opts.return_logprob:
+        meta["input_token_logprobs"] = []
+        meta["output_token_logprobs"] = _logprob_triples(gen, opts, lo, end)
+        meta["output_token_logprobs_length"] = end
+        if terminal and gen.top_p_rows is not None:
+            meta.update(_top_p_fields(gen.top_p_rows[:end]))
+    meta["reasoning_tokens"] = 0
+    meta["completion_tokens"] = end
+    meta["cached_tokens"] = 0
+    if terminal and opts.version != "0.5.15":
+        meta["weight_versions"] = [{"version": gen.weight_version, "start": 0, "end": end}]
+    meta["cached_tokens_details"] = None
+    if terminal and gen.routed_experts is not None:
+        rows = gen.prompt_tokens + end - 1 if routed_rows is None else routed_rows
+        meta["routed_experts"] = encode_int32(gen.routed_experts[: max(rows, 0)])
+    meta["dp_rank"] = None
+    if terminal:
+        meta["e2e_latency"] = 0.1874
+    if first:
+        meta["response_sent_to_client_ts"] = 1767225600.0433
+    meta.update(opts.extra_meta)
+    out["meta_info"] = meta
+    return out
+
+
+def echo_event(gen: Generation, opts: WireOptions, held: int, *, message: str = "Abort in waiting queue") -> dict[str, Any]:
+    """The abort echo chunk for a queued or retracted request holding ``held`` ids (no new tokens)."""
+    out: dict[str, Any] = {}
+    out["text"] = "" if opts.skip_tokenizer_init else gen.text(0, held)
+    if opts.version == "0.5.15" or opts.incremental:
+        out["output_ids"] = list(gen.token_ids[held - 1 : held]) if held else []
+    else:
+        out["output_ids"] = list(gen.token_ids[:held])
+    meta: dict[str, Any] = {
+        "id": gen.rid,
+        "finish_reason": {"type": "abort", "message": message},
+        "weight_version": gen.weight_version,
+        "e2e_latency": 3.5171,
+    }
+    if opts.version != "0.5.15":
+        meta["weight_versions"] = [{"version": gen.weight_version, "start": 0, "end": held}]
+    if opts.return_logprob:
+        meta["input_token_logprobs"] = []
+        meta["output_token_logprobs"] = _logprob_triples(gen, opts, 0, held)
+        meta["output_token_logprobs_length"] = held
+        if gen.top_p_rows is not None:
+            meta.update(_top_p_fields(gen.top_p_rows[:held]))
+    meta["completion_tokens"] = held
+    out["meta_info"] = meta
+    return out
+
+
+def error_event(message: str, code: int = 400) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "invalid_request_error", "code": code, "retryable": False}}
+
+
+def coalesce(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Merge queued incremental chunks as SGLang's tokenizer manager does.
+
+    ``output_ids``, ``text`` and the sliced logprob lists are concatenated; every other field comes
+    from the newest chunk.
+    """
+    merged = dict(events[-1])
+    meta = dict(merged["meta_info"])
+    merged["output_ids"] = [t for e in events for t in e["output_ids"]]
+    if "text" in merged:
+        merged["text"] = "".join(e.get("text", "") for e in events)
+    for key in _SLICED_KEYS:
+        if key in meta:
+            meta[key] = [x for e in events for x in e["meta_info"].get(key, [])]
+    merged["meta_info"] = meta
+    # Keep the key order of the newest chunk, as a dict update in SGLang does.
+    return {k: merged[k] for k in events[-1]}
+
+
+def sse(obj: dict[str, Any]) -> bytes:
+    """One SSE event as SGLang's http_server writes it."""
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def stream_events(
+    gen: Generation,
+    opts: WireOptions,
+    *,
+    interval: int = 1,
+    points: Sequence[int] | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Every event of a normal stream, one per emission point; the last one is terminal."""
+    n = len(gen.token_ids)
+    pts = list(points) if points is not None else emission_points(n, interval, opts.version)
+    prev = 0
+    for k, end in enumerate(pts):
+        yield normal_event(gen, opts, prev, end, terminal=k == len(pts) - 1, first=k == 0)
+        prev = end
+
+
+def stream_bytes(events: Iterable[dict[str, Any]], *, done: bool = True) -> bytes:
+    body = b"".join(sse(e) for e in events)
+    return body + DONE if done else body
+
+
+def split_pieces(data: bytes, sizes: Iterable[int]) -> list[bytes]:
+    """Cut ``data`` into consecutive pieces of the given sizes (cycled), the way TCP might."""
+    pieces: list[bytes] = []
+    sizes = list(sizes) or [len(data) or 1]
+    pos = k = 0
+    while pos < len(data):
+        step = max(1, sizes[k % len(sizes)])
+        pieces.append(data[pos : pos + step])
+        pos += step
+        k += 1
+    return pieces
