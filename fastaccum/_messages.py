@@ -1,0 +1,110 @@
+"""Error factories shared by both twins, so the same input raises the same class with the same text.
+
+Only cold paths come here: each function builds (never raises) one exception.
+"""
+
+from __future__ import annotations
+
+from fastaccum.errors import (
+    ServerError,
+    StreamFormatError,
+    StreamLengthError,
+    StreamLimitError,
+    StreamTruncatedError,
+)
+
+__all__ = (
+    "bad_format",
+    "too_large",
+    "server_error",
+    "mode_mismatch",
+    "length_decreased",
+    "bad_length",
+    "truncated",
+    "type_name",
+)
+
+
+def type_name(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def bad_format(index: int, what: str) -> StreamFormatError:
+    return StreamFormatError(f"event {index}: {what}", event_index=index)
+
+
+def too_large(index: int, limit: int) -> StreamLimitError:
+    return StreamLimitError(f"event {index}: data exceeds max_event_bytes={limit}", event_index=index)
+
+
+def server_error(index: int, error: object) -> ServerError:
+    if isinstance(error, dict):
+        message = error.get("message")
+        code = error.get("code")
+        status = code if isinstance(code, int) and not isinstance(code, bool) else None
+        text = message if isinstance(message, str) else str(error)
+    else:
+        status = None
+        text = error if isinstance(error, str) else str(error)
+    prefix = f"event {index}: server error" + (f" {status}" if status is not None else "")
+    return ServerError(f"{prefix}: {text}", event_index=index, status=status, server_message=text)
+
+
+def mode_mismatch(index: int, mode: str, held: int, listed: int, reported: int) -> StreamLengthError:
+    """The event fits neither the configured mode nor (for auto) any mode; say which reading holds."""
+    cumulative_fits = listed == reported and reported >= held
+    incremental_fits = held + listed == reported
+    numbers = f"{listed} tokens listed, {reported} reported in total, {held} held before"
+    if mode == "cumulative":
+        hint = (
+            "; the incremental reading holds (is the server started with --incremental-streaming-output?)"
+            if incremental_fits
+            else "; the incremental reading does not hold either"
+        )
+        message = f"event {index}: not a cumulative event ({numbers}){hint}"
+        actual = listed
+    elif mode == "incremental":
+        hint = (
+            "; the cumulative reading holds (is the server missing --incremental-streaming-output?)"
+            if cumulative_fits
+            else "; the cumulative reading does not hold either"
+        )
+        message = f"event {index}: not an incremental event ({numbers}){hint}"
+        actual = held + listed
+    else:
+        message = f"event {index}: fits neither the cumulative nor the incremental reading ({numbers})"
+        actual = listed
+    return StreamLengthError(message, event_index=index, mode=mode, expected=reported, actual=actual)
+
+
+def length_decreased(index: int, previous: int, reported: int) -> StreamLengthError:
+    return StreamLengthError(
+        f"event {index}: cumulative total went down from {previous} to {reported} "
+        "(the incremental reading does not apply to a cumulative stream)",
+        event_index=index,
+        mode="cumulative",
+        expected=previous,
+        actual=reported,
+    )
+
+
+def bad_length(index: int, mode: str, what: str, expected: int, actual: int) -> StreamLengthError:
+    return StreamLengthError(
+        f"event {index}: {what}", event_index=index, mode=mode, expected=expected, actual=actual
+    )
+
+
+def truncated(index: int, what: str) -> StreamTruncatedError:
+    return StreamTruncatedError(f"event {index}: {what}", event_index=index)
