@@ -61,7 +61,7 @@ _COMPLETION_KEY = b'"completion_tokens":'
 
 
 def read_id_list(index: int, where: str, value: object) -> list[int]:
-    if not isinstance(value, list):
+    if type(value) is not list:
         raise bad_format(index, f"{where} must be an array, not {type_name(value)}")
     for i, token in enumerate(value):
         check_token_id(index, f"{where}[{i}]", token)
@@ -77,7 +77,7 @@ def check_token_id(index: int, where: str, token: object) -> None:
 
 def read_logprob_list(index: int, value: object) -> tuple[list[int], list[float]]:
     """Split ``[[logprob|null, id, text|null], ...]`` into ids and logprobs (null becomes NaN)."""
-    if not isinstance(value, list):
+    if type(value) is not list:
         raise bad_format(index, f"{_LOGPROBS} must be an array, not {type_name(value)}")
     ids: list[int] = []
     logprobs: list[float] = []
@@ -410,7 +410,7 @@ class StreamAccumulator:
         self._routed = routed
         if finish is not None:
             self._finish_reason = finish
-        self._meta = {k: v for k, v in meta.items() if k not in _DROPPED_META}
+        self._meta = meta  # filtered once, when a result is built
         self._mode = new_mode
         if not counted:
             self._events += 1
@@ -549,7 +549,7 @@ class StreamAccumulator:
             logprobs=self._logprobs.to_array() if self._has_logprobs else None,
             text=text,
             finish_reason=dict(self._finish_reason) if self._finish_reason is not None else None,
-            meta_info=dict(self._meta),
+            meta_info={k: v for k, v in self._meta.items() if k not in _DROPPED_META},
             completion_tokens=self._ids.size,
             top_p_token_ids=top_p_ids,
             top_p_token_offsets=top_p_offsets,

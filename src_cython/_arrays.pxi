@@ -1,0 +1,230 @@
+# ---- arrays ---------------------------------------------------------------------------------
+# Base64 int32 arrays cut out of the event bytes and decoded without building a Python str.
+# Mirrors fastaccum._py.arrays.
+
+# The meta_info values that are base64 int32 arrays; routed experts alone can be gigabytes.
+B64_KEYS = (
+    "top_p_token_ids",
+    "top_p_token_offsets",
+    "top_p_kept_token_ids",
+    "top_p_kept_token_offsets",
+    "routed_experts",
+)
+cdef tuple _PATTERNS = tuple(b'"' + key.encode() + b'":"' for key in B64_KEYS)
+
+
+cdef tuple cut_b64_spans(bytearray data):
+    """Find each base64 value in the event bytes and return the JSON with those values emptied.
+
+    A JSON string never contains an unescaped quote, so ``"key":"`` only matches a real key. A
+    value holding a backslash (an escape orjson never writes) is left for orjson to parse.
+    Returns (json bytes, {key: (start, end) of the value inside ``data``}).
+    """
+    cdef const char* buf = PyByteArray_AS_STRING(data)
+    cdef Py_ssize_t n = PyByteArray_GET_SIZE(data)
+    cdef Py_ssize_t at, start, end, pos, total, k, count = 0
+    cdef bytes pattern
+    cdef Py_ssize_t starts[5]
+    cdef Py_ssize_t ends[5]
+    cdef dict spans
+    cdef bytes out
+    cdef char* dst
+    if find_bytes(buf, n, b'_experts":"', 11, 0) < 0 and find_bytes(buf, n, b'"top_p_', 7, 0) < 0:
+        return data, {}
+    spans = {}
+    for k in range(5):
+        pattern = <bytes>_PATTERNS[k]
+        at = find_bytes(buf, n, pattern, len(pattern), 0)
+        if at < 0:
+            continue
+        start = at + len(pattern)
+        end = find_bytes(buf, n, b'"', 1, start)
+        if end < 0 or find_bytes(buf, end, b"\\", 1, start) >= 0:
+            continue
+        spans[B64_KEYS[k]] = (start, end)
+    if not spans:
+        return data, {}
+    for start, end in sorted(spans.values()):
+        starts[count] = start
+        ends[count] = end
+        count += 1
+    total = n
+    for k in range(count):
+        total -= ends[k] - starts[k]
+    out = PyBytes_FromStringAndSize(NULL, total)
+    dst = PyBytes_AS_STRING(out)
+    pos = 0
+    for k in range(count):
+        memcpy(dst, buf + pos, starts[k] - pos)
+        dst += starts[k] - pos
+        pos = ends[k]
+    memcpy(dst, buf + pos, n - pos)
+    return out, spans
+
+
+cdef object decode_int32(Py_ssize_t index, str key, object value, bytearray data, object span):
+    """Decode one base64 int32 array, from its span in ``data`` or from the parsed str."""
+    if span is None and type(value) is not str:
+        raise bad_format(index, f"meta_info.{key} must be a base64 string, not {type_name(value)}")
+    source = memoryview(data)[span[0] : span[1]] if span is not None else value
+    try:
+        raw = pybase64.b64decode_as_bytearray(source, validate=True)
+    except ValueError:  # binascii.Error, or a str with non-ASCII characters
+        raise bad_format(index, f"meta_info.{key} is not valid base64") from None
+    finally:
+        source = None  # release the view so the event buffer can be freed
+    if len(raw) % 4:
+        raise bad_format(index, f"meta_info.{key} decodes to {len(raw)} bytes, not whole int32 values")
+    return np.frombuffer(raw, dtype="<i4").astype(np.int32, copy=False)
+
+
+# ---- field readers --------------------------------------------------------------------------
+
+cdef str _LOGPROBS = "meta_info.output_token_logprobs"
+cdef int64_t _TOKEN_ID_LIMIT = 2147483648
+
+
+cdef int check_token_id(Py_ssize_t index, str where, PyObject* token, int32_t* out) except -1:
+    cdef long long value
+    if not PyLong_CheckExact(token):
+        raise bad_format(index, f"{where} must be a token id, not {type_name(<object>token)}")
+    value = PyLong_AsLongLong(<object>token)
+    if value == -1 and PyErr_Occurred():
+        PyErr_Clear()  # beyond int64: out of range like any other large id
+        value = -1
+    if value < 0 or value >= _TOKEN_ID_LIMIT:
+        raise bad_format(index, f"{where} = {<object>token} is not a token id in [0, 2**31)")
+    out[0] = <int32_t>value
+    return 0
+
+
+cdef int read_id_list(Py_ssize_t index, str where, object value, Int32Buffer out) except -1:
+    """Validate a list of token ids into ``out`` (cleared first)."""
+    cdef Py_ssize_t i, n
+    cdef int32_t* dst
+    cdef PyObject* item
+    if type(value) is not list:
+        raise bad_format(index, f"{where} must be an array, not {type_name(value)}")
+    n = PyList_GET_SIZE(value)
+    out.clear()
+    out.reserve(n)
+    dst = out._data
+    for i in range(n):
+        item = PyList_GET_ITEM(value, i)
+        if not PyLong_CheckExact(item):
+            raise bad_format(index, f"{where}[{i}] must be a token id, not {type_name(<object>item)}")
+        _check_id_at(index, where, i, item, dst + i)
+    out.size = n
+    return 0
+
+
+cdef inline int _check_id_at(Py_ssize_t index, str where, Py_ssize_t i, PyObject* item,
+                             int32_t* out) except -1:
+    cdef long long value = PyLong_AsLongLong(<object>item)
+    if value == -1 and PyErr_Occurred():
+        PyErr_Clear()
+        value = -1
+    if value < 0 or value >= _TOKEN_ID_LIMIT:
+        check_token_id(index, f"{where}[{i}]", item, out)  # builds the exact message
+    out[0] = <int32_t>value
+    return 0
+
+
+cdef Py_ssize_t read_logprob_list(Py_ssize_t index, object value, Int32Buffer ids,
+                                  Float64Buffer logprobs) except -1:
+    """Split ``[[logprob|null, id, text|null], ...]`` into ``ids`` and ``logprobs`` (cleared
+    first; null becomes NaN); return the count."""
+    cdef Py_ssize_t i, n, width
+    cdef PyObject* entry
+    cdef PyObject* logprob
+    cdef PyObject* text
+    cdef int32_t* id_out
+    cdef double* lp_out
+    if type(value) is not list:
+        raise bad_format(index, f"{_LOGPROBS} must be an array, not {type_name(value)}")
+    n = PyList_GET_SIZE(value)
+    ids.clear()
+    logprobs.clear()
+    ids.reserve(n)
+    logprobs.reserve(n)
+    id_out = ids._data
+    lp_out = logprobs._data
+    for i in range(n):
+        entry = PyList_GET_ITEM(value, i)
+        if not PyList_CheckExact(entry):
+            raise bad_format(index, f"{_LOGPROBS}[{i}] must be [logprob, id, text]")
+        width = PyList_GET_SIZE(<object>entry)
+        if width < 2 or width > 3:
+            raise bad_format(index, f"{_LOGPROBS}[{i}] must be [logprob, id, text]")
+        logprob = PyList_GET_ITEM(<object>entry, 0)
+        if logprob == Py_None:
+            lp_out[i] = NAN
+        elif PyFloat_CheckExact(logprob):
+            lp_out[i] = PyFloat_AS_DOUBLE(<object>logprob)
+        elif PyLong_CheckExact(logprob):
+            lp_out[i] = float(<object>logprob)
+        else:
+            raise bad_format(
+                index, f"{_LOGPROBS}[{i}][0] must be a number or null, not {type_name(<object>logprob)}"
+            )
+        check_logprob_id(index, i, PyList_GET_ITEM(<object>entry, 1), id_out + i)
+        if width == 3:
+            text = PyList_GET_ITEM(<object>entry, 2)
+            if text != Py_None and not PyUnicode_CheckExact(text):
+                raise bad_format(
+                    index, f"{_LOGPROBS}[{i}][2] must be a string or null, not {type_name(<object>text)}"
+                )
+    ids.size = n
+    logprobs.size = n
+    return n
+
+
+cdef inline int check_logprob_id(Py_ssize_t index, Py_ssize_t i, PyObject* token,
+                                 int32_t* out) except -1:
+    cdef long long value
+    if PyLong_CheckExact(token):
+        value = PyLong_AsLongLong(<object>token)
+        if value == -1 and PyErr_Occurred():
+            PyErr_Clear()
+            value = -1
+        if 0 <= value < _TOKEN_ID_LIMIT:
+            out[0] = <int32_t>value
+            return 0
+    return check_token_id(index, f"{_LOGPROBS}[{i}][1]", token, out)  # raises the exact error
+
+
+cdef object read_count(Py_ssize_t index, dict meta, str key):
+    if key not in meta:
+        return None
+    value = meta[key]
+    if type(value) is not int:
+        raise bad_format(index, f"meta_info.{key} must be an integer, not {type_name(value)}")
+    if value < 0:
+        raise bad_format(index, f"meta_info.{key} = {value} is negative")
+    return value
+
+
+cdef Py_ssize_t read_uint_at(const char* data, Py_ssize_t n, Py_ssize_t pos) noexcept:
+    """The unsigned integer literal at ``pos`` (1-18 digits, then ',' or '}'), or -1."""
+    cdef Py_ssize_t end = pos
+    cdef Py_ssize_t limit = min(n, pos + 19)
+    cdef Py_ssize_t value = 0
+    while end < limit and 48 <= data[end] <= 57:
+        value = value * 10 + (data[end] - 48)
+        end += 1
+    if end == pos or end - pos > 18 or end >= n or (data[end] != 44 and data[end] != 125):
+        return -1
+    return value
+
+
+cdef int check_offsets(Py_ssize_t index, str key, object offsets, Py_ssize_t n_ids) except -1:
+    cdef const int32_t[::1] view = offsets
+    cdef Py_ssize_t i, n = view.shape[0]
+    if n == 0 or view[0] != 0:
+        raise bad_format(index, f"meta_info.{key} must start at 0")
+    for i in range(1, n):
+        if view[i] < view[i - 1]:
+            raise bad_format(index, f"meta_info.{key} decreases")
+    if view[n - 1] != n_ids:
+        raise bad_format(index, f"meta_info.{key} ends at {view[n - 1]}, not at the {n_ids} ids")
+    return 0
