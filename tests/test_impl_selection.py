@@ -1,0 +1,72 @@
+"""The selector: environment variables pick the twin, and CI never silently tests the fallback."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+import fastaccum
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _implementation_in_subprocess(**env: str) -> str:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("FASTACCUM_")}
+    environment.update(env)
+    code = "import fastaccum; print(fastaccum.IMPLEMENTATION)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=environment, capture_output=True, text=True, cwd="/", check=True
+    )
+    return done.stdout.strip()
+
+
+@pytest.mark.skipif(
+    os.environ.get("FASTACCUM_REQUIRE_EXTENSIONS") != "1",
+    reason="only meaningful where the extension is required (CI, wheels)",
+)
+def test_required_extension_is_the_one_in_use() -> None:
+    assert fastaccum.IMPLEMENTATION == "cython"
+
+
+@pytest.mark.c_extension
+def test_default_selection_is_compiled() -> None:
+    assert _implementation_in_subprocess() == "cython"
+
+
+def test_no_extensions_selects_the_pure_twin() -> None:
+    assert _implementation_in_subprocess(FASTACCUM_NO_EXTENSIONS="1") == "python"
+
+
+def test_require_with_no_extensions_refuses_to_import() -> None:
+    with pytest.raises(subprocess.CalledProcessError) as info:
+        _implementation_in_subprocess(FASTACCUM_NO_EXTENSIONS="1", FASTACCUM_REQUIRE_EXTENSIONS="1")
+    assert "compiled core is switched off" in info.value.stderr
+
+
+def test_twins_export_the_same_names_in_the_same_order(impl: ModuleType) -> None:
+    import fastaccum._py as pure
+
+    assert impl.__all__ == pure.__all__ == ("StreamAccumulator", "accumulate")
+
+
+def test_stub_declares_the_twins_names() -> None:
+    import fastaccum._py as pure
+
+    stub = ast.parse((ROOT / "fastaccum" / "_cy.pyi").read_text())
+    declared = next(
+        ast.literal_eval(node.value)
+        for node in stub.body
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "__all__"
+    )
+    assert tuple(declared) == pure.__all__
+
+
+def test_public_names_are_exported() -> None:
+    for name in fastaccum.__all__:
+        assert getattr(fastaccum, name) is not None, name
