@@ -386,12 +386,15 @@ class StreamAccumulator:
 
         # Text: cumulative replaces, incremental (and undecided auto) appends; echo text is only
         # trusted in cumulative mode (in incremental mode it repeats the whole text, §9.3).
-        parts = self._text_parts
+        text_update = None
+        text_replaces = False
         if echo:
-            if new_mode == "cumulative" and parts is not None and text is not None:
-                parts = [text]
+            if new_mode == "cumulative" and self._text_parts is not None and text is not None:
+                text_update = text
+                text_replaces = True
         elif text is not None:
-            parts = [text] if new_mode == "cumulative" else [*(parts or ()), text]
+            text_update = text
+            text_replaces = new_mode == "cumulative"
 
         top_p = self._read_top_p(index, meta, data, spans, new_mode, held, len(new_ids))
         routed = self._routed
@@ -403,7 +406,11 @@ class StreamAccumulator:
         if new_logprobs is not None:
             self._logprobs.extend(new_logprobs)
         self._has_logprobs = has_logprobs
-        self._text_parts = parts
+        if text_update is not None:
+            if text_replaces or self._text_parts is None:
+                self._text_parts = [text_update]
+            else:
+                self._text_parts.append(text_update)  # joined once, when a result is built
         if top_p is not None:
             tp_ids, tp_offsets, replace = top_p
             self._commit_top_p(tp_ids, tp_offsets, replace)

@@ -227,7 +227,6 @@ cdef class StreamAccumulator:
         cdef Int32Buffer lp_ids = self._lp_ids
         cdef Float64Buffer lp_values = self._lp_values
         cdef str mode, new_mode
-        cdef list parts
 
         json_bytes, spans = cut_b64_spans(data)
         try:
@@ -344,12 +343,15 @@ cdef class StreamAccumulator:
 
         # Text: cumulative replaces, incremental (and undecided auto) appends; echo text is only
         # trusted in cumulative mode (in incremental mode it repeats the whole text, §9.3).
-        parts = self._text_parts
+        text_update = None
+        text_replaces = False
         if echo:
-            if new_mode == "cumulative" and parts is not None and text is not None:
-                parts = [text]
+            if new_mode == "cumulative" and self._text_parts is not None and text is not None:
+                text_update = text
+                text_replaces = True
         elif text is not None:
-            parts = [text] if new_mode == "cumulative" else [*(parts or ()), text]
+            text_update = text
+            text_replaces = new_mode == "cumulative"
 
         top_p = self._read_top_p(index, meta, data, spans, new_mode, held, new_n)
         routed = self._routed
@@ -361,7 +363,11 @@ cdef class StreamAccumulator:
         if new_logprobs != NULL:
             self._logprobs.extend(new_logprobs, new_n)
         self._has_logprobs = has_logprobs
-        self._text_parts = parts
+        if text_update is not None:
+            if text_replaces or self._text_parts is None:
+                self._text_parts = [text_update]
+            else:
+                self._text_parts.append(text_update)  # joined once, when a result is built
         if top_p is not None:
             tp_ids, tp_offsets, replace = top_p
             self._commit_top_p(tp_ids, tp_offsets, replace)
