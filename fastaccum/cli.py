@@ -1,0 +1,381 @@
+"""The ``fastaccum`` command: ``demo`` (emulator + client, every token verified), ``replay``, ``emulator``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import numpy as np
+
+__all__ = ("main",)
+
+# The emulator child prints this line, then its URL, so the demo knows where to connect.
+_ANNOUNCE = "fastaccum emulator listening on "
+_REPLAY_PIECE_BYTES = 64 * 1024  # a typical socket read; the accumulator accepts any split
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    return int(args.handler(args))
+
+
+# ---- argument parsing ---------------------------------------------------------------------------
+def _shape(text: str) -> tuple[int, int]:
+    try:
+        layers, topk = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LAYERSxTOPK such as 48x8, got {text!r}") from None
+    if layers < 1 or topk < 1:
+        raise argparse.ArgumentTypeError("layers and topk must be positive")
+    return layers, topk
+
+
+def _add_server_options(p: argparse.ArgumentParser) -> None:
+    # Names follow SGLang's server flags where SGLang has one.
+    p.add_argument("--incremental-streaming-output", action="store_true", help="send deltas (SGLang flag)")
+    p.add_argument("--stream-interval", type=int, default=1, help="tokens per event (SGLang flag)")
+    p.add_argument("--skip-tokenizer-init", action="store_true", help="no text in events (SGLang flag)")
+    p.add_argument("--enable-return-routed-experts", action="store_true", help="serve routed experts")
+    p.add_argument("--num-layers", type=int, default=4, help="MoE layers behind routed experts")
+    p.add_argument("--topk", type=int, default=2, help="experts per token")
+    p.add_argument("--num-experts", type=int, default=16, help="experts per layer")
+    p.add_argument("--token-rate", type=float, default=0.0, help="tokens/s per request; 0: as fast as read")
+    p.add_argument("--max-running-requests", type=int, default=256, help="others queue")
+    p.add_argument("--random-seed", "--seed", dest="seed", type=int, default=0, help="token source seed")
+    p.add_argument("--version", choices=("0.5.23", "0.5.15"), default="0.5.23", help="SGLang flavour")
+    p.add_argument("--fault", type=json.loads, default=None, help='server-wide fault, e.g. \'{"kind":"stall"}\'')
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fastaccum", description=__doc__)
+    sub = parser.add_subparsers(dest="command")
+
+    demo = sub.add_parser("demo", help="stream from the embedded emulator and verify every token")
+    demo.add_argument("--tokens", type=int, default=50_000, help="tokens per request")
+    demo.add_argument("--requests", type=int, default=4)
+    demo.add_argument("--concurrency", type=int, default=4)
+    demo.add_argument("--mode", choices=("auto", "cumulative", "incremental"), default="auto",
+                      help="accumulator mode")
+    demo.add_argument("--server-mode", choices=("cumulative", "incremental"), default=None,
+                      help="emulator streaming mode (default: cumulative only with --mode cumulative)")
+    demo.add_argument("--stream-interval", type=int, default=None,
+                      help="tokens per event (default 4 incremental, 64 cumulative; 1 is the worst case)")
+    demo.add_argument("--routed-experts", type=_shape, default=None, metavar="LxK",
+                      help="request routed experts from a model with L layers, top-K")
+    demo.add_argument("--abort-after", type=float, default=None, metavar="S",
+                      help="abort each request S seconds after it starts (prefix is verified)")
+    demo.add_argument("--token-rate", type=float, default=0.0, help="tokens/s per request; 0: unlimited")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--in-process", action="store_true",
+                      help="run the emulator in this process (default: a child, so CPU numbers are the client's)")
+    demo.add_argument("--no-progress", action="store_true", help="no progress bar")
+    demo.set_defaults(handler=_demo)
+
+    replay = sub.add_parser("replay", help="feed a captured SSE byte stream and print what it holds")
+    replay.add_argument("file")
+    replay.add_argument("--mode", choices=("auto", "cumulative", "incremental"), default="auto")
+    replay.add_argument("--expert-shape", type=_shape, default=None, metavar="LxK")
+    replay.add_argument("--max-event-bytes", type=int, default=None)
+    replay.set_defaults(handler=_replay)
+
+    emulator = sub.add_parser("emulator", help="run the SGLang emulator until interrupted")
+    emulator.add_argument("--host", default="127.0.0.1")
+    emulator.add_argument("--port", type=int, default=30000, help="0 picks a free port")
+    _add_server_options(emulator)
+    emulator.set_defaults(handler=_emulator)
+    return parser
+
+
+# ---- emulator -----------------------------------------------------------------------------------
+def _emulator_from(args: argparse.Namespace, **overrides: Any) -> Any:
+    from fastaccum.emulator import Emulator
+
+    options: dict[str, Any] = dict(
+        incremental_streaming_output=args.incremental_streaming_output,
+        stream_interval=args.stream_interval,
+        skip_tokenizer_init=args.skip_tokenizer_init,
+        enable_return_routed_experts=args.enable_return_routed_experts,
+        num_layers=args.num_layers,
+        topk=args.topk,
+        num_experts=args.num_experts,
+        token_rate=args.token_rate or None,
+        max_running_requests=args.max_running_requests,
+        seed=args.seed,
+        version=args.version,
+        fault=args.fault,
+    )
+    options.update(overrides)
+    return Emulator(**options)
+
+
+def _emulator(args: argparse.Namespace) -> int:
+    emulator = _emulator_from(args, host=args.host, port=args.port)
+
+    async def serve() -> None:
+        url = await emulator.start()
+        print(_ANNOUNCE + url, flush=True)
+        try:
+            await asyncio.Event().wait()  # until Ctrl-C or SIGTERM
+        finally:
+            await emulator.stop()
+
+    try:
+        asyncio.run(serve())
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+# ---- replay -------------------------------------------------------------------------------------
+def _replay(args: argparse.Namespace) -> int:
+    from fastaccum import StreamAccumulator, StreamError
+
+    accumulator = StreamAccumulator(mode=args.mode, expert_shape=args.expert_shape, max_event_bytes=args.max_event_bytes)
+    size = 0
+    started = time.perf_counter()
+    try:
+        with open(args.file, "rb") as f:
+            while piece := f.read(_REPLAY_PIECE_BYTES):
+                size += len(piece)
+                accumulator.feed(piece)
+        result = accumulator.finish()
+    except StreamError as exc:
+        where = f" at event {exc.event_index}" if exc.event_index is not None else ""
+        print(f"error: {type(exc).__name__}{where}: {exc}")
+        try:
+            prefix = accumulator.snapshot()
+            print(f"prefix: {len(prefix)} tokens in {prefix.events} events (mode {prefix.mode})")
+        except StreamError:
+            pass
+        return 1
+    except OSError as exc:
+        print(f"error: cannot read {args.file}: {exc}")
+        return 1
+    elapsed = time.perf_counter() - started
+    print(f"file:          {args.file} ({size / 1e6:.2f} MB, accumulated in {elapsed:.3f} s)")
+    for line in _describe(result):
+        print(line)
+    return 0
+
+
+def _describe(result: Any) -> list[str]:
+    lines = [
+        f"mode:          {result.mode}",
+        f"events:        {result.events}",
+        f"tokens:        {len(result)} (completion_tokens {result.completion_tokens})",
+        f"finish_reason: {json.dumps(result.finish_reason)}",
+    ]
+    if result.text is not None:
+        lines.append(f"text:          {len(result.text)} chars: {result.text[:60]!r}")
+    if result.logprobs is not None:
+        lines.append(f"logprobs:      {result.logprobs.shape[0]} ({int(np.isnan(result.logprobs).sum())} null)")
+    if result.top_p_token_offsets is not None:
+        lines.append(f"top-p rows:    {result.top_p_token_offsets.shape[0] - 1} "
+                     f"({result.top_p_token_ids.shape[0]} kept ids)")
+    if result.routed_experts is not None:
+        lines.append(f"routed:        {tuple(result.routed_experts.shape)} int32")
+    return lines
+
+
+# ---- demo ---------------------------------------------------------------------------------------
+@dataclass
+class _Outcome:
+    rid: str
+    result: Any = None
+    error: BaseException | None = None
+
+
+def _demo(args: argparse.Namespace) -> int:
+    if min(args.tokens, args.requests, args.concurrency) < 1:
+        print("error: --tokens, --requests and --concurrency must be positive", file=sys.stderr)
+        return 2
+    return asyncio.run(_demo_async(args))
+
+
+async def _demo_async(args: argparse.Namespace) -> int:
+    import aiohttp
+
+    from fastaccum import IMPLEMENTATION
+    from fastaccum.client import STREAM_TIMEOUT, GenerateStream
+
+    server_mode = args.server_mode or ("cumulative" if args.mode == "cumulative" else "incremental")
+    # Cumulative events repeat the whole response (O(N^2) bytes, §12): a wider interval keeps the
+    # default run short; incremental at 4 keeps the emulator (not the client) from dominating.
+    interval = args.stream_interval or (64 if server_mode == "cumulative" else 4)
+    layers, topk = args.routed_experts or (4, 2)
+    server_args = argparse.Namespace(
+        incremental_streaming_output=server_mode == "incremental", stream_interval=interval,
+        skip_tokenizer_init=False, enable_return_routed_experts=args.routed_experts is not None,
+        num_layers=layers, topk=topk, num_experts=128, token_rate=args.token_rate,
+        max_running_requests=args.concurrency, seed=args.seed, version="0.5.23", fault=None,
+    )
+    truth = _emulator_from(server_args)  # never started: expected() is a pure function
+    print(f"fastaccum demo: {args.requests} x {args.tokens} tokens, concurrency {args.concurrency}, "
+          f"server {server_mode} (interval {interval}), accumulator {args.mode} [{IMPLEMENTATION}]"
+          + (f", routed experts {layers}x{topk}" if args.routed_experts else ""))
+    child: subprocess.Popen[str] | None = None
+    embedded = None
+    if args.in_process:
+        embedded = truth
+        url = await embedded.start()
+    else:
+        child, url = _spawn_emulator(server_args)
+    prompt = list(range(1, 17))
+    streams: list[GenerateStream] = []
+    outcomes: list[_Outcome] = []
+    limit = asyncio.Semaphore(args.concurrency)
+    progress = _Progress(args.requests * args.tokens, enabled=not args.no_progress)
+
+    async def one(session: aiohttp.ClientSession, i: int) -> None:
+        rid = f"demo-{i:05d}-"  # the trailing '-' keeps rids prefix-free for /abort_request (§9.2)
+        outcome = _Outcome(rid)
+        outcomes.append(outcome)
+        payload = {
+            "input_ids": prompt, "rid": rid, "return_logprob": True,
+            "return_routed_experts": args.routed_experts is not None,
+            "sampling_params": {"max_new_tokens": args.tokens, "temperature": 1.0},
+        }
+        async with limit:
+            stream = GenerateStream(session, f"{url}/generate", payload, mode=args.mode,
+                                    expert_shape=args.routed_experts)
+            streams.append(stream)
+            timer = (asyncio.get_running_loop().call_later(args.abort_after, stream.abort)
+                     if args.abort_after is not None else None)
+            try:
+                outcome.result = await stream.run()
+            except Exception as exc:  # reported with the others below
+                outcome.error = exc
+            finally:
+                if timer is not None:
+                    timer.cancel()
+
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    try:
+        async with aiohttp.ClientSession(timeout=STREAM_TIMEOUT) as session:
+            ticker = asyncio.create_task(progress.follow(streams))
+            await asyncio.gather(*(one(session, i) for i in range(args.requests)))
+            ticker.cancel()
+    finally:
+        if embedded is not None:
+            await embedded.stop()
+        if child is not None:
+            child.terminate()
+            child.wait(timeout=10)
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    progress.close(sum(s.tokens for s in streams))
+
+    failures = []
+    for outcome in outcomes:
+        failures += _verify(truth, outcome, len(prompt), args)
+    tokens = sum(len(o.result) for o in outcomes if o.result is not None)
+    events = sum(s.events for s in streams)
+    wire_mb = sum(s.bytes_received for s in streams) / 1e6
+    aborted = sum(1 for o in outcomes if o.result is not None and o.result.aborted)
+    print(f"tokens:        {tokens:,} verified against the emulator's truth"
+          + (f" ({aborted} requests aborted, prefixes checked)" if aborted else ""))
+    print(f"events:        {events:,}")
+    print(f"on the wire:   {wire_mb:,.1f} MB")
+    print(f"wall time:     {wall:.2f} s ({tokens / max(wall, 1e-9):,.0f} tokens/s)")
+    print(f"client CPU:    {cpu:.2f} s ({cpu / max(tokens, 1) * 1e6:.2f} us/token"
+          + (", emulator included)" if args.in_process else ")"))
+    for line in failures[:20]:
+        print(f"MISMATCH {line}")
+    if failures:
+        print(f"FAILED: {len(failures)} mismatches")
+        return 1
+    print("OK")
+    return 0
+
+
+def _spawn_emulator(server_args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
+    command = [sys.executable, "-m", "fastaccum", "emulator", "--port", "0",
+               "--stream-interval", str(server_args.stream_interval),
+               "--num-layers", str(server_args.num_layers), "--topk", str(server_args.topk),
+               "--num-experts", str(server_args.num_experts), "--seed", str(server_args.seed),
+               "--max-running-requests", str(server_args.max_running_requests),
+               "--token-rate", str(server_args.token_rate or 0)]
+    if server_args.incremental_streaming_output:
+        command.append("--incremental-streaming-output")
+    if server_args.enable_return_routed_experts:
+        command.append("--enable-return-routed-experts")
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert child.stdout is not None
+    line = child.stdout.readline()
+    if not line.startswith(_ANNOUNCE):
+        child.kill()
+        raise RuntimeError(f"the emulator did not start: {line!r}")
+    return child, line[len(_ANNOUNCE):].strip()
+
+
+def _verify(truth: Any, outcome: _Outcome, prompt_tokens: int, args: argparse.Namespace) -> list[str]:
+    if outcome.error is not None:
+        return [f"{outcome.rid}: {type(outcome.error).__name__}: {outcome.error}"]
+    result = outcome.result
+    n = len(result)
+    routed = args.routed_experts is not None
+    expected = truth.expected(outcome.rid, n, prompt_tokens=prompt_tokens, routed_experts=routed)
+    problems = []
+    if not np.array_equal(result.token_ids, np.asarray(expected.token_ids, dtype=np.int32)):
+        problems.append("token ids differ")
+    if result.logprobs is None or not np.array_equal(result.logprobs, np.asarray(expected.logprobs, dtype=np.float64)):
+        problems.append("logprobs differ")
+    if result.text != expected.text(0, n):
+        problems.append("text differs")
+    if result.aborted:
+        if n > args.tokens:
+            problems.append(f"aborted prefix of {n} tokens exceeds max_new_tokens")
+    else:
+        if n != args.tokens:
+            problems.append(f"{n} tokens, expected {args.tokens}")
+        if result.finish_reason != {"type": "length", "length": args.tokens}:
+            problems.append(f"finish_reason {result.finish_reason}")
+        if routed and not np.array_equal(result.routed_experts, expected.routed_experts):
+            problems.append("routed experts differ")
+    return [f"{outcome.rid}: {p}" for p in problems]
+
+
+class _Progress:
+    """A tqdm bar over all tokens, or a plain line per second when tqdm is not installed."""
+
+    def __init__(self, total: int, *, enabled: bool, out: TextIO = sys.stderr) -> None:
+        self._total, self._enabled, self._out = total, enabled, out
+        self._bar: Any = None
+        self._last_line = 0.0
+        if enabled:
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                self._bar = None
+            else:
+                self._bar = tqdm(total=total, unit="tok", unit_scale=True, file=out, dynamic_ncols=True)
+
+    async def follow(self, streams: list[Any]) -> None:
+        while True:
+            await asyncio.sleep(0.1)
+            self.update(sum(s.tokens for s in streams))
+
+    def update(self, done: int) -> None:
+        if not self._enabled:
+            return
+        if self._bar is not None:
+            self._bar.update(done - self._bar.n)
+        elif time.monotonic() - self._last_line >= 1.0:
+            self._last_line = time.monotonic()
+            print(f"tokens {done:,}/{self._total:,} ({100 * done / max(self._total, 1):.0f}%)", file=self._out)
+
+    def close(self, done: int) -> None:
+        self.update(done)
+        if self._bar is not None:
+            self._bar.close()

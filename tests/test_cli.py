@@ -1,0 +1,91 @@
+"""Smoke tests of the ``fastaccum`` command, run as ``python -m fastaccum`` in a subprocess."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import orjson
+
+from fastaccum import wire
+
+TIMEOUT_S = 120
+
+
+def fastaccum(*args: str, prelude: str = "") -> subprocess.CompletedProcess[str]:
+    if prelude:  # run main() after some setup, e.g. hiding tqdm
+        code = f"{prelude}\nimport sys\nfrom fastaccum.cli import main\nsys.exit(main({list(args)!r}))"
+        command = [sys.executable, "-c", code]
+    else:
+        command = [sys.executable, "-m", "fastaccum", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+def test_demo_verifies_every_token() -> None:
+    done = fastaccum("demo", "--tokens", "3000", "--requests", "3", "--concurrency", "2", "--no-progress")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "9,000 verified" in done.stdout and "us/token" in done.stdout and done.stdout.endswith("OK\n")
+
+
+def test_demo_cumulative_with_routed_experts_in_process() -> None:
+    done = fastaccum("demo", "--tokens", "600", "--requests", "2", "--mode", "cumulative",
+                     "--routed-experts", "8x2", "--in-process")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "routed experts 8x2" in done.stdout and "OK" in done.stdout
+    assert "tok" in done.stderr  # the tqdm bar
+
+
+def test_demo_abort_after_keeps_verified_prefixes_without_tqdm() -> None:
+    done = fastaccum("demo", "--tokens", "100000", "--requests", "2", "--token-rate", "5000",
+                     "--abort-after", "0.3", "--in-process",
+                     prelude="import sys; sys.modules['tqdm'] = None  # ImportError on import")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 requests aborted" in done.stdout and "OK" in done.stdout
+
+
+def test_replay_prints_a_summary(tmp_path: Path) -> None:
+    gen = wire.synthetic_generation("rep-1", 50, expert_shape=(3, 2), top_p=True)
+    path = tmp_path / "stream.sse"
+    path.write_bytes(wire.stream_bytes(wire.stream_events(gen, wire.WireOptions(incremental=True), interval=4)))
+    done = fastaccum("replay", str(path), "--expert-shape", "3x2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "mode:          incremental" in done.stdout
+    assert "tokens:        50" in done.stdout and "routed:        (65, 3, 2) int32" in done.stdout
+
+
+def test_replay_reports_the_typed_error_and_event_index(tmp_path: Path) -> None:
+    gen = wire.synthetic_generation("rep-2", 30)
+    body = wire.stream_bytes(wire.stream_events(gen, wire.WireOptions()), done=False)
+    path = tmp_path / "cut.sse"
+    path.write_bytes(body[: len(body) - 40])
+    done = fastaccum("replay", str(path))
+    assert done.returncode == 1
+    assert done.stdout.startswith("error: StreamTruncatedError at event 29:"), done.stdout
+    missing = fastaccum("replay", str(tmp_path / "nope.sse"))
+    assert missing.returncode == 1 and "cannot read" in missing.stdout
+
+
+def test_emulator_command_serves_until_terminated() -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-m", "fastaccum", "emulator", "--port", "0", "--incremental-streaming-output",
+         "--stream-interval", "4"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert child.stdout is not None
+        line = child.stdout.readline()
+        assert line.startswith("fastaccum emulator listening on http://127.0.0.1:"), line
+        url = line.rsplit(" ", 1)[1].strip()
+        with urllib.request.urlopen(f"{url}/server_info", timeout=10) as resp:
+            info = orjson.loads(resp.read())
+        assert info["incremental_streaming_output"] is True and info["stream_interval"] == 4
+    finally:
+        child.terminate()
+        child.wait(timeout=10)
+
+
+def test_no_command_prints_help() -> None:
+    done = fastaccum()
+    assert done.returncode == 2 and "demo" in done.stdout

@@ -1,0 +1,370 @@
+"""The SGLang emulator over real loopback HTTP, checked byte for byte against fastaccum.wire."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import aiohttp
+import numpy as np
+import orjson
+import pybase64
+import pytest
+
+from fastaccum import wire
+from fastaccum.emulator import ABORT_REASON, Emulator
+
+T = TypeVar("T")
+PROMPT = [11, 12, 13, 14, 15]
+
+
+def run(coro: Awaitable[T]) -> T:
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def events_of(body: bytes) -> list[Any]:
+    """Split SGLang's exact framing (one data line, LF LF); [DONE] becomes the string."""
+    assert body.endswith(b"\n\n"), body[-40:]
+    out: list[Any] = []
+    for block in body[:-2].split(b"\n\n"):
+        assert block.startswith(b"data: "), block[:40]
+        data = block[len(b"data: "):]
+        out.append("[DONE]" if data == b"[DONE]" else orjson.loads(data))
+    return out
+
+
+def payload(rid: str, n: int, **extra: Any) -> dict[str, Any]:
+    params = {"max_new_tokens": n, **extra.pop("sampling_params", {})}
+    return {"input_ids": PROMPT, "rid": rid, "stream": True, "sampling_params": params, **extra}
+
+
+async def post_body(url: str, body: dict[str, Any]) -> tuple[int, bytes]:
+    async with aiohttp.ClientSession() as session, session.post(f"{url}/generate", json=body) as resp:
+        return resp.status, await resp.read()
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("version", ["0.5.23", "0.5.15"])
+@pytest.mark.parametrize("interval", [1, 20, 64])
+@pytest.mark.parametrize("incremental", [False, True], ids=["cumulative", "incremental"])
+def test_stream_bytes_match_the_wire_writer(incremental: bool, interval: int, version: str) -> None:
+    emulator = Emulator(incremental_streaming_output=incremental, stream_interval=interval, version=version)
+
+    async def main() -> bytes:
+        async with emulator as url:
+            status, body = await post_body(url, payload("r-1", 150, return_logprob=True))
+            assert status == 200
+            return body
+
+    body = run(main())
+    gen = emulator.expected("r-1", 150, prompt_tokens=len(PROMPT))
+    opts = wire.WireOptions(incremental=incremental, version=version)
+    # Lockstep decoding (no token_rate) sends every emission point: the exact bytes SGLang would.
+    assert body == wire.stream_bytes(wire.stream_events(gen, opts, interval=interval))
+
+
+def test_request_stream_interval_overrides_the_server_flag() -> None:
+    async def main() -> list[Any]:
+        async with Emulator(stream_interval=1) as url:
+            _, body = await post_body(url, payload("r-1", 45, sampling_params={"stream_interval": 20}))
+            return events_of(body)
+
+    events = run(main())
+    assert [len(e["output_ids"]) for e in events[:-1]] == [1, 21, 41, 45]
+
+
+def test_terminal_event_carries_routed_experts_and_top_p() -> None:
+    emulator = Emulator(enable_return_routed_experts=True, num_layers=3, topk=2, num_experts=8)
+
+    async def main() -> list[Any]:
+        async with emulator as url:
+            body = payload("r-1", 30, return_logprob=True, return_routed_experts=True,
+                           sampling_params={"custom_params": {"return_top_p_token_ids": True}})
+            return events_of((await post_body(url, body))[1])
+
+    events = run(main())
+    assert events[-1] == "[DONE]"
+    *normal, terminal = events[:-1]
+    assert all("routed_experts" not in e["meta_info"] and "top_p_token_ids" not in e["meta_info"] for e in normal)
+    meta = terminal["meta_info"]
+    routed = np.frombuffer(pybase64.b64decode(meta["routed_experts"]), dtype="<i4").reshape(-1, 3, 2)
+    gen = emulator.expected("r-1", 30, prompt_tokens=len(PROMPT), top_p=True, routed_experts=True)
+    assert routed.shape[0] == len(PROMPT) + 30 - 1
+    assert np.array_equal(routed, gen.routed_experts)
+    offsets = np.frombuffer(pybase64.b64decode(meta["top_p_token_offsets"]), dtype="<i4")
+    ids = np.frombuffer(pybase64.b64decode(meta["top_p_token_ids"]), dtype="<i4")
+    assert gen.top_p_rows is not None and len(offsets) == 31
+    assert [list(ids[offsets[i]:offsets[i + 1]]) for i in range(30)] == [list(r) for r in gen.top_p_rows]
+
+
+def test_routed_experts_need_the_server_flag() -> None:
+    async def main() -> list[Any]:
+        async with Emulator() as url:
+            return events_of((await post_body(url, payload("r-1", 5, return_routed_experts=True)))[1])
+
+    assert "routed_experts" not in run(main())[-2]["meta_info"]
+
+
+def test_skip_tokenizer_init_drops_text_and_refuses_text_prompts() -> None:
+    async def main() -> tuple[list[Any], int]:
+        async with Emulator(skip_tokenizer_init=True) as url:
+            events = events_of((await post_body(url, payload("r-1", 5)))[1])
+            status, _ = await post_body(url, {"text": "hello world", "stream": True})
+            return events, status
+
+    events, status = run(main())
+    assert all("text" not in e for e in events[:-1])
+    assert status == 400
+
+
+def test_text_prompt_and_return_text_in_logprobs() -> None:
+    emulator = Emulator()
+
+    async def main() -> list[Any]:
+        async with emulator as url:
+            body = {"text": "one two three", "rid": "t-1", "stream": True, "return_logprob": True,
+                    "return_text_in_logprobs": True, "sampling_params": {"max_new_tokens": 4}}
+            return events_of((await post_body(url, body))[1])
+
+    terminal = run(main())[-2]
+    gen = emulator.expected("t-1", 4, prompt_tokens=3)
+    assert terminal["meta_info"]["prompt_tokens"] == 3
+    assert [t[2] for t in terminal["meta_info"]["output_token_logprobs"]] == list(gen.token_texts)
+
+
+def test_stop_token_ids_end_the_generation_at_the_first_match() -> None:
+    emulator = Emulator()
+    gen = emulator.expected("s-1", 50, prompt_tokens=len(PROMPT))
+    stop = gen.token_ids[17]
+    first = gen.token_ids.index(stop)
+
+    async def main() -> list[Any]:
+        async with emulator as url:
+            return events_of((await post_body(url, payload("s-1", 50, sampling_params={"stop_token_ids": [stop]})))[1])
+
+    terminal = run(main())[-2]
+    assert terminal["output_ids"] == list(gen.token_ids[: first + 1])
+    assert terminal["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+
+
+def test_non_stream_returns_the_cumulative_terminal_object() -> None:
+    emulator = Emulator(incremental_streaming_output=True)
+
+    async def main() -> tuple[int, bytes]:
+        async with emulator as url:
+            body = payload("n-1", 12, return_logprob=True)
+            body["stream"] = False
+            return await post_body(url, body)
+
+    status, raw = run(main())
+    gen = emulator.expected("n-1", 12, prompt_tokens=len(PROMPT))
+    assert status == 200
+    assert raw == orjson.dumps(wire.normal_event(gen, wire.WireOptions(), 0, 12, terminal=True, first=True))
+
+
+def test_info_health_and_loads_endpoints() -> None:
+    async def main() -> tuple[Any, ...]:
+        async with Emulator(incremental_streaming_output=True, stream_interval=8) as url:
+            async with aiohttp.ClientSession() as session:
+                info = await (await session.get(f"{url}/server_info")).json()
+                health = (await session.get(f"{url}/health")).status
+                loads = await (await session.get(f"{url}/v1/loads")).json()
+                return info, health, loads
+
+    info, health, loads = run(main())
+    assert info["incremental_streaming_output"] is True and info["stream_interval"] == 8
+    assert health == 200
+    assert loads["num_running_reqs"] == 0 and loads["num_waiting_reqs"] == 0
+
+
+def test_abort_of_a_running_request_adds_one_token_and_a_full_terminal_event() -> None:
+    emulator = Emulator(token_rate=500, enable_return_routed_experts=True, num_layers=2, topk=2)
+
+    async def main() -> tuple[list[Any], int]:
+        async with emulator as url, aiohttp.ClientSession() as session:
+            body = payload("a-1", 100_000, return_logprob=True, return_routed_experts=True,
+                           sampling_params={"custom_params": {"return_top_p_token_ids": True}})
+            async with session.post(f"{url}/generate", json=body) as resp:
+                await wait_until(lambda: emulator.stats.tokens >= 20)
+                await wait_until(lambda: emulator.running == 1)
+                held = emulator.stats.tokens
+                await session.post(f"{url}/abort_request", json={"rid": "a-1"})
+                return events_of(await resp.read()), held
+
+    events, held = run(main())
+    terminal = events[-2]
+    n = len(terminal["output_ids"])
+    assert held < n <= held + 2  # one more decode step (a tick may land between the reads)
+    meta = terminal["meta_info"]
+    assert meta["finish_reason"] == ABORT_REASON and meta["prompt_tokens"] == len(PROMPT)
+    assert len(pybase64.b64decode(meta["routed_experts"])) == (len(PROMPT) + n - 1) * 2 * 2 * 4
+    assert len(pybase64.b64decode(meta["top_p_token_offsets"])) == (n + 1) * 4
+    assert emulator.stats.aborted == 1 and emulator.stats.disconnects == 0
+
+
+@pytest.mark.parametrize("version", ["0.5.23", "0.5.15"])
+@pytest.mark.parametrize("incremental", [False, True], ids=["cumulative", "incremental"])
+def test_abort_of_a_queued_request_sends_the_echo_chunk(incremental: bool, version: str) -> None:
+    emulator = Emulator(max_running_requests=1, token_rate=200, incremental_streaming_output=incremental,
+                        version=version)
+
+    async def main() -> bytes:
+        async with emulator as url, aiohttp.ClientSession() as session:
+            async with session.post(f"{url}/generate", json=payload("q-run", 100_000)):
+                async with session.post(f"{url}/generate", json=payload("q-wait", 50, return_logprob=True)) as resp:
+                    await wait_until(lambda: emulator.queued == 1)
+                    await session.post(f"{url}/abort_request", json={"rid": "q-wait"})
+                    return await resp.read()
+
+    body = run(main())
+    gen = emulator.expected("q-wait", 50, prompt_tokens=len(PROMPT))
+    opts = wire.WireOptions(incremental=incremental, version=version)
+    assert body == wire.sse(wire.echo_event(gen, opts, 0)) + wire.DONE
+
+
+def test_abort_matches_rids_by_prefix_and_abort_all_hits_everything() -> None:
+    emulator = Emulator(token_rate=200)
+
+    async def main() -> dict[str, Any]:
+        async with emulator as url, aiohttp.ClientSession() as session:
+            responses = {rid: await session.post(f"{url}/generate", json=payload(rid, 100_000))
+                         for rid in ("p-1", "p-10", "p-2")}
+            await wait_until(lambda: emulator.running == 3)
+            await session.post(f"{url}/abort_request", json={"rid": "p-1"})
+            reasons = {rid: events_of(await responses[rid].read())[-2]["meta_info"]["finish_reason"]
+                       for rid in ("p-1", "p-10")}
+            assert emulator.running == 1
+            await session.post(f"{url}/abort_request", json={"abort_all": True})
+            reasons["p-2"] = events_of(await responses["p-2"].read())[-2]["meta_info"]["finish_reason"]
+            return reasons
+
+    assert run(main()) == {"p-1": ABORT_REASON, "p-10": ABORT_REASON, "p-2": ABORT_REASON}
+
+
+@pytest.mark.parametrize("queued", [False, True], ids=["running", "queued"])
+def test_client_disconnect_stops_generation(queued: bool) -> None:
+    emulator = Emulator(token_rate=1000, max_running_requests=1)
+
+    async def main() -> None:
+        async with emulator as url, aiohttp.ClientSession() as session:
+            blocker = await session.post(f"{url}/generate", json=payload("d-block", 100_000)) if queued else None
+            resp = await session.post(f"{url}/generate", json=payload("d-1", 100_000))
+            if not queued:
+                await resp.content.readany()
+            await wait_until(lambda: (emulator.queued if queued else emulator.running) == 1)
+            resp.close()
+            await wait_until(lambda: emulator.stats.disconnects == 1)
+            assert emulator.stats.disconnected_rids == ["d-1"]
+            assert emulator.queued == 0 and emulator.running == (1 if queued else 0)
+            tokens = emulator.stats.tokens
+            await asyncio.sleep(0.05)
+            if not queued:
+                assert emulator.stats.tokens == tokens  # decoding stopped with the client
+            loads = await (await session.get(f"{url}/v1/loads")).json()
+            assert loads["disconnects"] == 1
+            if blocker is not None:
+                blocker.close()
+
+    run(main())
+
+
+def test_http_500_and_unknown_fault_kinds() -> None:
+    async def main() -> tuple[tuple[int, bytes], tuple[int, bytes]]:
+        async with Emulator() as url:
+            a = await post_body(url, payload("f-1", 5, fastaccum_fault={"kind": "http_500"}))
+            b = await post_body(url, payload("f-2", 5, fastaccum_fault={"kind": "nope"}))
+            return a, b
+
+    (status, body), (bad_status, bad_body) = run(main())
+    assert status == 500 and orjson.loads(body)["code"] == 500
+    assert bad_status == 400 and b"unknown fault kind" in bad_body
+
+
+@pytest.mark.parametrize(
+    ("fault", "tail"),
+    [
+        ({"kind": "error_event", "message": "boom", "code": 503, "at": 2},
+         wire.sse(wire.error_event("boom", 503)) + wire.DONE),
+        ({"kind": "malformed_json", "at": 2}, b'data: {"text":"broken","output_ids":[1,\n\n' + wire.DONE),
+    ],
+    ids=["error_event", "malformed_json"],
+)
+def test_faults_that_replace_an_event(fault: dict[str, Any], tail: bytes) -> None:
+    emulator = Emulator()
+
+    async def main() -> bytes:
+        async with emulator as url:
+            return (await post_body(url, payload("f-1", 10, fastaccum_fault=fault)))[1]
+
+    body = run(main())
+    gen = emulator.expected("f-1", 10, prompt_tokens=len(PROMPT))
+    head = wire.stream_bytes(list(wire.stream_events(gen, wire.WireOptions(return_logprob=False)))[:2], done=False)
+    assert body == head + tail
+
+
+def test_cut_fault_ends_the_connection_mid_event() -> None:
+    async def main() -> None:
+        async with Emulator() as url, aiohttp.ClientSession() as session:
+            async with session.post(f"{url}/generate", json=payload("c-1", 10, fastaccum_fault={"kind": "cut"})) as r:
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    await r.read()
+
+    run(main())
+
+
+def test_split_coalesce_and_zero_token_terminal_faults() -> None:
+    emulator = Emulator(incremental_streaming_output=True)
+    gen = emulator.expected("f-1", 10, prompt_tokens=len(PROMPT))
+    opts = wire.WireOptions(incremental=True, return_logprob=False)
+
+    async def main() -> dict[str, bytes]:
+        async with emulator as url:
+            return {kind: (await post_body(url, payload("f-1", 10, fastaccum_fault={"kind": kind})))[1]
+                    for kind in ("split", "coalesce", "zero_token_terminal")}
+
+    bodies = run(main())
+    normal = list(wire.stream_events(gen, opts))
+    assert bodies["split"] == wire.stream_bytes(normal)
+    merged = [wire.coalesce(normal[i:i + 3]) for i in range(0, 10, 3)]
+    merged[0]["meta_info"]["response_sent_to_client_ts"] = normal[0]["meta_info"]["response_sent_to_client_ts"]
+    coalesced = events_of(bodies["coalesce"])
+    assert [e["output_ids"] for e in coalesced[:-1]] == [m["output_ids"] for m in merged]
+    zero = events_of(bodies["zero_token_terminal"])
+    assert zero[-2]["output_ids"] == [] and zero[-2]["meta_info"]["finish_reason"] == gen.finish_reason
+    assert zero[-3]["meta_info"]["finish_reason"] is None and zero[-3]["meta_info"]["completion_tokens"] == 10
+
+
+def test_server_wide_fault_applies_to_every_request() -> None:
+    async def main() -> list[int]:
+        async with Emulator(fault={"kind": "http_500"}) as url:
+            return [(await post_body(url, payload(f"w-{i}", 3)))[0] for i in range(2)]
+
+    assert run(main()) == [500, 500]
+
+
+def test_duplicate_rid_is_an_error_event() -> None:
+    emulator = Emulator(token_rate=100)
+
+    async def main() -> bytes:
+        async with emulator as url, aiohttp.ClientSession() as session:
+            async with session.post(f"{url}/generate", json=payload("dup-", 100_000)):
+                await wait_until(lambda: emulator.running == 1)
+                return (await post_body(url, payload("dup-", 5)))[1]
+
+    assert run(main()) == wire.sse(wire.error_event("Duplicate request ID: dup-")) + wire.DONE
+
+
+def test_expected_is_prefix_stable_and_seeded() -> None:
+    a, b = Emulator(seed=1), Emulator(seed=2)
+    long, short = a.expected("x", 100), a.expected("x", 40)
+    assert list(long.token_ids[:40]) == list(short.token_ids)
+    assert list(a.expected("x", 40).token_ids) != list(b.expected("x", 40).token_ids)
+    assert dataclasses.asdict(a.expected("x", 5)) == dataclasses.asdict(a.expected("x", 5))
