@@ -239,8 +239,9 @@ class StreamAccumulator:
             try:
                 self._apply(self._pending, self._pending_index, counted=True)
             except StreamError:
-                # The newest light-checked event does not validate: keep the verified state.
-                self._pending = None
+                # The newest light-checked event does not validate: show the verified state; the
+                # kept event stays, so the error still surfaces when the stream moves past it.
+                pass
         return self._build()
 
     def __repr__(self) -> str:
@@ -264,6 +265,10 @@ class StreamAccumulator:
         if self._mode == "cumulative" and self._full_parses >= _FULL_PARSES_BEFORE_LIGHT:
             if self._light_check(data, index):
                 return
+        if self._pending is not None:
+            # The kept event is validated before the stream moves past it: an echo is reconciled
+            # against every token held, and an error in the kept event is not lost.
+            self._apply(self._pending, self._pending_index, counted=True)
         self._apply(data, index, counted=False)
 
     def _light_check(self, data: bytearray, index: int) -> bool:

@@ -10,7 +10,6 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.exc cimport PyErr_Clear, PyErr_Occurred
 from cpython.float cimport PyFloat_AS_DOUBLE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
-from cpython.long cimport PyLong_AsLongLong
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
@@ -44,6 +43,9 @@ cdef extern from "Python.h":
     bint PyFloat_CheckExact(PyObject*)
     bint PyList_CheckExact(PyObject*)
     bint PyUnicode_CheckExact(PyObject*)
+    # Declared without an except clause: the callers test PyErr_Occurred() themselves, so an id
+    # beyond int64 becomes the same "not a token id" StreamFormatError as in the pure twin.
+    long long PyLong_AsLongLong(object)
     PyObject* Py_None
 
 
