@@ -45,6 +45,7 @@ cdef class StreamAccumulator:
     cdef Py_ssize_t _full_parses
     cdef Py_ssize_t _reported  # newest total the server reported
     cdef bytearray _pending  # newest light-checked cumulative event
+    cdef SpanScan _pending_scan  # its streamed base64 values, if any
     cdef Py_ssize_t _pending_index
     cdef bint _done  # [DONE] seen
     cdef object _error
@@ -156,7 +157,7 @@ cdef class StreamAccumulator:
         """The observed prefix, consistent across tokens, logprobs, text and top-p; never raises."""
         if self._pending is not None:
             try:
-                self._apply(self._pending, self._pending_index, True)
+                self._apply(self._pending, self._pending_index, True, self._pending_scan)
             except StreamError:
                 # The newest light-checked event does not validate: show the verified state; the
                 # kept event stays, so the error still surfaces when the stream moves past it.
@@ -171,7 +172,7 @@ cdef class StreamAccumulator:
 
     # ---- events -------------------------------------------------------------------------
 
-    cdef int _dispatch(self, bytearray data, Py_ssize_t index) except -1:
+    cdef int _dispatch(self, bytearray data, Py_ssize_t index, SpanScan scan) except -1:
         cdef Py_ssize_t n = PyByteArray_GET_SIZE(data)
         if self._done:
             raise bad_format(index, "data after [DONE]")
@@ -184,12 +185,13 @@ cdef class StreamAccumulator:
             raise bad_format(index, "data after the terminal event")
         if self._mode == "cumulative" and self._full_parses >= _FULL_PARSES_BEFORE_LIGHT:
             if self._light_check(data, index):
+                self._pending_scan = scan
                 return 0
         if self._pending is not None:
             # The kept event is validated before the stream moves past it: an echo is reconciled
             # against every token held, and an error in the kept event is not lost.
-            self._apply(self._pending, self._pending_index, True)
-        self._apply(data, index, False)
+            self._apply(self._pending, self._pending_index, True, self._pending_scan)
+        self._apply(data, index, False, scan)
         return 0
 
     cdef bint _light_check(self, bytearray data, Py_ssize_t index) except -1:
@@ -219,7 +221,7 @@ cdef class StreamAccumulator:
         self._events += 1
         return True
 
-    cdef int _apply(self, bytearray data, Py_ssize_t index, bint counted) except -1:
+    cdef int _apply(self, bytearray data, Py_ssize_t index, bint counted, SpanScan scan) except -1:
         """Parse and validate one event completely, then commit it (nothing half-applied)."""
         cdef dict meta
         cdef Py_ssize_t held, listed_n, total, new_n, start, lp_n = -1
@@ -232,8 +234,14 @@ cdef class StreamAccumulator:
         cdef Int32Buffer lp_ids = self._lp_ids
         cdef Float64Buffer lp_values = self._lp_values
         cdef str mode, new_mode
+        cdef Block routed_block = None
 
-        json_bytes, spans = cut_b64_spans(data)
+        if scan is not None and not scan.off:
+            scan.advance(data, None, True)  # finish the scan over the complete event
+            json_bytes, spans = _cut_spans(data, scan.spans)
+            routed_block = scan.block
+        else:
+            json_bytes, spans = cut_b64_spans(data)
         try:
             obj = _loads(json_bytes)
         except _JSONDecodeError as exc:
@@ -254,8 +262,9 @@ cdef class StreamAccumulator:
             if meta.get(key) != "":
                 # The cut landed outside meta_info (not SGLang's shape): parse the whole event.
                 spans = {}
-                obj = _loads(data)
+                obj = _loads(scan.original(data) if routed_block is not None else data)
                 meta = obj["meta_info"]
+                routed_block = None
                 break
 
         finish = meta.get("finish_reason")
@@ -361,7 +370,7 @@ cdef class StreamAccumulator:
         top_p = self._read_top_p(index, meta, data, spans, new_mode, held, new_n)
         routed = self._routed
         if "routed_experts" in meta:
-            routed = self._read_routed(index, meta, data, spans, new_mode, prompt, completion, total)
+            routed = self._read_routed(index, meta, data, spans, new_mode, prompt, completion, total, routed_block)
 
         # ---- commit: nothing below can fail on valid input ----
         self._ids.extend(new_ids, new_n)
@@ -386,6 +395,7 @@ cdef class StreamAccumulator:
         self._full_parses += 1
         self._reported = max(self._reported, total)
         self._pending = None
+        self._pending_scan = None
         return 0
 
     cdef Py_ssize_t _reconcile_echo(self, Py_ssize_t index, object completion, bint has_output_ids,
@@ -474,8 +484,10 @@ cdef class StreamAccumulator:
         return 0
 
     cdef object _read_routed(self, Py_ssize_t index, dict meta, bytearray data, dict spans, str mode,
-                             object prompt, object completion, Py_ssize_t total):
-        routed = decode_int32(index, "routed_experts", meta["routed_experts"], data, spans.get("routed_experts"))
+                             object prompt, object completion, Py_ssize_t total, Block block):
+        routed = decode_int32(
+            index, "routed_experts", meta["routed_experts"], data, spans.get("routed_experts"), block
+        )
         if self._expert_shape is None:
             return routed
         if prompt is None:

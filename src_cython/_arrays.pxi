@@ -25,12 +25,8 @@ cdef tuple cut_b64_spans(bytearray data):
     """
     cdef const char* buf = PyByteArray_AS_STRING(data)
     cdef Py_ssize_t n = PyByteArray_GET_SIZE(data)
-    cdef Py_ssize_t at, start, end, pos, total, k, count = 0
-    cdef Py_ssize_t starts[5]
-    cdef Py_ssize_t ends[5]
+    cdef Py_ssize_t at, start, end, pos, k
     cdef dict spans
-    cdef bytes out
-    cdef char* dst
     if find_bytes(buf, n, b'_experts":"', 11, 0) < 0 and find_bytes(buf, n, b'"top_p_', 7, 0) < 0:
         return data, {}
     spans = {}
@@ -50,6 +46,18 @@ cdef tuple cut_b64_spans(bytearray data):
         if find_bytes(buf, end, b"\\", 1, start) < 0:
             spans[B64_KEYS[k]] = (start, end)
         pos = end
+    return _cut_spans(data, spans)
+
+
+cdef tuple _cut_spans(bytearray data, dict spans):
+    """The event bytes with the given value spans emptied."""
+    cdef const char* buf = PyByteArray_AS_STRING(data)
+    cdef Py_ssize_t n = PyByteArray_GET_SIZE(data)
+    cdef Py_ssize_t start, end, pos, total, k, count = 0
+    cdef Py_ssize_t starts[5]
+    cdef Py_ssize_t ends[5]
+    cdef bytes out
+    cdef char* dst
     if not spans:
         return data, {}
     for start, end in sorted(spans.values()):
@@ -82,8 +90,14 @@ cdef Py_ssize_t _key_before(const char* buf, Py_ssize_t at, dict spans) except -
     return -1
 
 
-cdef object decode_int32(Py_ssize_t index, str key, object value, bytearray data, object span):
-    """Decode one base64 int32 array, from its span in ``data`` or from the parsed str."""
+cdef object decode_int32(Py_ssize_t index, str key, object value, bytearray data, object span,
+                         Block block=None):
+    """Decode one base64 int32 array, from its span in ``data`` or from the parsed str (or take
+    the Block the framer already decoded it into)."""
+    if block is not None:
+        if block.size % 4:
+            raise bad_format(index, f"meta_info.{key} decodes to {block.size} bytes, not whole int32 values")
+        return np.frombuffer(block, dtype="<i4").astype(np.int32, copy=False)
     if span is None and type(value) is not str:
         raise bad_format(index, f"meta_info.{key} must be a base64 string, not {type_name(value)}")
     source = memoryview(data)[span[0] : span[1]] if span is not None else value

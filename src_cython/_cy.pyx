@@ -4,7 +4,7 @@ Directives are set in setup.py. Cold paths (every error) call the shared factori
 fastaccum._messages, so both twins raise the same class with the same text.
 """
 
-from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport PyBUF_FORMAT, PyBUF_ND, PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.exc cimport PyErr_Clear, PyErr_Occurred
@@ -15,7 +15,7 @@ from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
 from libc.math cimport NAN
 from libc.stdint cimport int32_t, int64_t
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memchr, memcmp, memcpy
 
 from _bytes cimport find_bytes, find_line_end, rfind_bytes
 
@@ -80,6 +80,7 @@ cdef class SseFramer:
     cdef bint _after_cr
     cdef bint _at_start
     cdef StreamAccumulator _owner  # the dispatch target (a callback in the pure twin)
+    cdef SpanScan _scan  # the streamed base64 scan of a large event (compiled twin only)
 
     def __cinit__(self, max_event_bytes, StreamAccumulator owner):
         self.max_event_bytes = max_event_bytes
@@ -126,6 +127,11 @@ cdef class SseFramer:
                     start += 1
                 self._state = DATA_VALUE
             elif self._state == DATA_VALUE:
+                if self._scan is not None and self._scan.streaming:
+                    start += self._scan.take(self.data, <const char*>buf, start, end)
+                    self._check_size()
+                    if start >= end:
+                        return 0
                 self._append(buf + start, end - start)
                 return 0
             else:
@@ -170,7 +176,20 @@ cdef class SseFramer:
         # 64 KiB pieces to a 1 GB event stays linear.
         PyByteArray_Resize(self.data, old + n)
         memcpy(PyByteArray_AS_STRING(self.data) + old, src, n)
-        if self._limit >= 0 and old + n > self._limit:
+        self._check_size()
+        if self._scan is not None:
+            if not self._scan.off and not self._scan.streaming:
+                self._scan.advance(self.data, self._owner._expert_shape)
+        elif old + n >= STREAM_AFTER_BYTES:
+            self._scan = SpanScan()
+            self._scan.advance(self.data, self._owner._expert_shape)
+        return 0
+
+    cdef int _check_size(self) except -1:
+        cdef Py_ssize_t size = PyByteArray_GET_SIZE(self.data)
+        if self._scan is not None:
+            size += self._scan.consumed  # streamed characters count as the event's data
+        if self._limit >= 0 and size > self._limit:
             raise too_large(self.events, self._limit)
         return 0
 
@@ -193,10 +212,14 @@ cdef class SseFramer:
             return 0
         data = self.data
         index = self.events
+        scan = self._scan
         self.data = bytearray()
         self.has_data = False
+        self._scan = None
         self.events = index + 1
-        self._owner._dispatch(data, index)
+        if scan is not None and scan.streaming:
+            scan.destream(data)  # the line ended inside the value: the ordinary path decides
+        self._owner._dispatch(data, index, scan)
         return 1
 
 
@@ -304,4 +327,5 @@ cdef class Float64Buffer:
 
 
 include "_arrays.pxi"
+include "_stream.pxi"
 include "_accumulator.pxi"

@@ -1,0 +1,144 @@
+"""The compiled twin's streamed routed-experts decode gives exactly the pure twin's results.
+
+Large events are scanned while they arrive and the routed_experts value is decoded piece by piece
+(never held whole); every unusual shape must fall back to the ordinary path. The hook
+``_stream_after_bytes`` lowers the size at which streaming starts so small streams exercise it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from fastaccum.wire import WireOptions, split_pieces, stream_bytes, stream_events, synthetic_generation
+
+pytestmark = pytest.mark.c_extension
+
+
+@pytest.fixture(params=[0, 1, 40, 300, 5000], ids=lambda n: f"after{n}")
+def streaming(request: pytest.FixtureRequest) -> Iterator[int]:
+    import fastaccum._cy as cy
+
+    old = cy._stream_after_bytes(request.param)
+    yield request.param
+    cy._stream_after_bytes(old)
+
+
+def _outcome(module, pieces, **kwargs):
+    acc = module.StreamAccumulator(**kwargs)
+    try:
+        for piece in pieces:
+            acc.feed(piece)
+        return ("ok", acc.finish()), acc.snapshot()
+    except Exception as exc:  # compared by class and message
+        return ("error", type(exc), str(exc)), acc.snapshot()
+
+
+def _same_result(a, b) -> None:
+    assert a.mode == b.mode and a.text == b.text and a.events == b.events
+    assert a.finish_reason == b.finish_reason and a.meta_info == b.meta_info
+    for name in ("token_ids", "logprobs", "top_p_token_ids", "top_p_token_offsets", "routed_experts"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert (x is None) == (y is None), name
+        if x is not None:
+            assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes(), name
+
+
+def _assert_twins_agree(data: bytes, sizes: list[int], **kwargs) -> None:
+    import fastaccum._cy as cy
+    import fastaccum._py as py
+
+    pieces = split_pieces(data, sizes)
+    (cy_out, cy_snap), (py_out, py_snap) = _outcome(cy, pieces, **kwargs), _outcome(py, pieces, **kwargs)
+    assert cy_out[0] == py_out[0], (cy_out, py_out)
+    if cy_out[0] == "ok":
+        _same_result(cy_out[1], py_out[1])
+    else:
+        assert cy_out[1:] == py_out[1:]
+    _same_result(cy_snap, py_snap)
+
+
+def _stream(rng: random.Random, n: int, incremental: bool, top_p: bool) -> bytes:
+    gen = synthetic_generation(f"s{rng.random()}", n, prompt_tokens=rng.choice([1, 3, 7]), top_p=top_p,
+                               expert_shape=(3, 2))
+    opts = WireOptions(incremental=incremental, logprob_text=rng.random() < 0.5)
+    return stream_bytes(stream_events(gen, opts, interval=rng.choice([1, 4, 64])))
+
+
+MUTATIONS = [
+    lambda v, rng: v,  # intact
+    lambda v, rng: v[:-4] + b"AA==",  # padding
+    lambda v, rng: v[:-4] + b"AAA=",
+    lambda v, rng: v[:-4] + b"AB==",  # non-zero bits under the padding
+    lambda v, rng: v[:8] + b"AA==" + v[8:],  # padding in the middle
+    lambda v, rng: v[:-1],  # length not a multiple of 4
+    lambda v, rng: v[:5] + b"\\/" + v[5:],  # an escape: orjson's business
+    lambda v, rng: v[:6] + b"*" + v[7:],  # a bad character
+    lambda v, rng: v[:3] + b"=" + v[4:],
+    lambda v, rng: v + b"====",
+    lambda v, rng: b"",
+    lambda v, rng: v[: rng.randrange(len(v) + 1)],  # the value cut short (JSON breaks)
+    lambda v, rng: v[:-4],  # fewer values than expert_shape wants
+]
+
+
+@pytest.mark.parametrize("mutation", range(len(MUTATIONS)))
+def test_streamed_value_matches_the_pure_twin(streaming: int, mutation: int) -> None:
+    rng = random.Random(mutation * 1000 + streaming)
+    for trial in range(6):
+        data = _stream(rng, rng.choice([1, 5, 30]), rng.random() < 0.5, rng.random() < 0.5)
+        key = b'"routed_experts":"'
+        start = data.index(key) + len(key)
+        end = data.index(b'"', start)
+        value = MUTATIONS[mutation](data[start:end], rng)
+        if mutation == 11:
+            mutated = data[:start] + value  # the line (and the stream) ends inside the value
+        else:
+            mutated = data[:start] + value + data[end:]
+        sizes = [rng.choice([1, 2, 3, 5, 64, 1000, 65536]) for _ in range(4)]
+        for shape in (None, (3, 2)):
+            _assert_twins_agree(mutated, sizes, expert_shape=shape)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        # the key outside meta_info, before it: the placeholder check must reparse the original
+        lambda d: d.replace(b'{"text":', b'{"routed_experts":"AAAA","text":', 1),
+        # the key twice in meta_info: orjson keeps the last value
+        lambda d: d.replace(b'"dp_rank":null', b'"dp_rank":null,"routed_experts":"AQAAAA=="', 1),
+        # the value's line ends (blank line) before the closing quote
+        lambda d: d.replace(b'"dp_rank"', b'\n\n"dp_rank"', 1),
+        # a comment line in the middle of the event, and a second data line
+        lambda d: d.replace(b'"dp_rank"', b'\n: ping\ndata: "dp_rank"', 1),
+    ],
+)
+def test_unusual_event_shapes_fall_back(streaming: int, edit) -> None:
+    rng = random.Random(7)
+    for trial in range(4):
+        data = _stream(rng, 12, trial % 2 == 0, trial >= 2)
+        for sizes in ([1], [7, 3], [65536]):
+            _assert_twins_agree(edit(data), sizes, expert_shape=None)
+
+
+def test_max_event_bytes_counts_streamed_characters(streaming: int) -> None:
+    rng = random.Random(3)
+    data = _stream(rng, 30, True, False)
+    terminal = max(len(line) for line in data.split(b"\n"))
+    for limit in (terminal - 7, terminal - 6, terminal - 5, terminal + 100):
+        for sizes in ([1], [13], [65536]):
+            _assert_twins_agree(data, sizes, expert_shape=(3, 2), max_event_bytes=limit)
+
+
+def test_streamed_array_is_writable_and_owned(streaming: int) -> None:
+    import fastaccum._cy as cy
+
+    gen = synthetic_generation("own", 20, prompt_tokens=4, expert_shape=(3, 2))
+    data = stream_bytes(stream_events(gen, WireOptions(incremental=True), interval=4))
+    result = cy.accumulate(split_pieces(data, [5]), expert_shape=(3, 2))
+    assert result.routed_experts.flags.writeable
+    assert np.array_equal(result.routed_experts, gen.routed_experts)
+    result.routed_experts[0, 0, 0] = -1  # the caller may write into it
