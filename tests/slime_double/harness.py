@@ -1,0 +1,793 @@
+"""Harness for the slime adapter tests: stubs, a slime loader, the emulator thread and the scenarios.
+
+Every scenario takes a ``SlimeEnv`` (the double of ``tests/slime_double`` or a real slime checkout)
+and drives ``fastaccum.slime`` against the embedded emulator over loopback HTTP, so the same
+assertions run against both (tests/test_slime.py: double; tests/test_slime_real.py: both). Loaded
+by file path and registered as ``fastaccum_slime_harness`` so slime's ``load_function`` can reach
+the reward function below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import sys
+import threading
+import types
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+import torch
+from aiohttp import web
+
+import fastaccum.slime as fs
+from fastaccum.client import GenerateStream
+from fastaccum.emulator import FAULT_KEY, Emulator
+from fastaccum.errors import ServerError, StreamFormatError, StreamTruncatedError
+from fastaccum.result import StreamResult
+
+DOUBLE_ROOT = str(Path(__file__).resolve().parent)
+PROMPT = "alpha beta gamma delta epsilon zeta eta theta"
+SLIME_PACKAGES = ("slime", "slime_plugins")
+
+
+# ---- stubs and loading -------------------------------------------------------------------------
+class FakeTokenizer:
+    """One id per word; decode renders ids, so a decoded text is recognisable in assertions."""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [1000 + (sum(map(ord, word)) % 5000) for word in text.split()]
+
+    def decode(self, ids: Any) -> str:
+        FakeTokenizer.decodes += 1
+        return "".join(f"<{int(i)}>" for i in ids)
+
+    decodes = 0
+
+
+def install_stubs() -> list[str]:
+    """ray, sglang_router and transformers, the way slime's plugin-contract tests stub them;
+    returns the names installed (removed again when the env closes)."""
+    before = set(sys.modules)
+    if "ray" not in sys.modules:
+        ray = types.ModuleType("ray")
+        ray._private = SimpleNamespace(services=SimpleNamespace(get_node_ip_address=lambda: "127.0.0.1"))
+        sys.modules["ray"] = ray
+    sys.modules.setdefault("sglang_router", types.ModuleType("sglang_router"))
+    if "transformers" not in sys.modules:
+        tf = types.ModuleType("transformers")
+        tf.AutoTokenizer = type("AutoTokenizer", (), {"from_pretrained": staticmethod(lambda *a, **k: FakeTokenizer())})
+
+        def no_processor(*args: Any, **kwargs: Any) -> Any:
+            raise OSError("no processor in tests")
+
+        tf.AutoProcessor = type("AutoProcessor", (), {"from_pretrained": staticmethod(no_processor)})
+        tf.PreTrainedTokenizerBase = type("PreTrainedTokenizerBase", (), {})
+        tf.ProcessorMixin = type("ProcessorMixin", (), {})
+        sys.modules["transformers"] = tf
+    return [name for name in ("ray", "sglang_router", "transformers") if name not in before]
+
+
+def _purge_slime() -> None:
+    for name in list(sys.modules):
+        if name.split(".")[0] in SLIME_PACKAGES:
+            del sys.modules[name]
+    fs._slime_modules = None
+
+
+@dataclasses.dataclass
+class SlimeEnv:
+    kind: str  # "double" | "real"
+    root: str
+    rollout: Any
+    misc: Any
+    http_utils: Any
+    async_utils: Any
+    server_control: Any
+    Sample: Any
+
+    def run(self, coro: Any) -> Any:
+        """Run on slime's background loop, where slime's rollouts (and so fastaccum) run."""
+        return self.async_utils.run(coro)
+
+    def reset(self) -> None:
+        self.misc.SingletonMeta._instances.clear()
+        self.misc.load_function.cache_clear()
+        fs._checked_modes.clear()
+        REWARDS.clear()
+
+
+@contextlib.contextmanager
+def slime_env(kind: str, root: str) -> Iterator[SlimeEnv]:
+    stubs = install_stubs()
+    _purge_slime()
+    sys.path.insert(0, root)
+    try:
+        from slime.backends.sglang_utils import server_control
+        from slime.rollout import sglang_rollout
+        from slime.utils import async_utils, http_utils, misc
+        from slime.utils.types import Sample
+
+        env = SlimeEnv(kind, root, sglang_rollout, misc, http_utils, async_utils, server_control, Sample)
+        yield env
+        env.run(fs.close_session())
+        if http_utils._http_client is not None:
+            env.run(http_utils._http_client.aclose())
+            http_utils._http_client = None
+    finally:
+        sys.path.remove(root)
+        _purge_slime()
+        for name in stubs:
+            sys.modules.pop(name, None)
+
+
+# ---- the emulator on its own thread ------------------------------------------------------------
+class RouterEmulator(Emulator):
+    """The emulator doubling as slime's router: ``GET /workers`` lists itself as the one worker."""
+
+    def make_app(self) -> web.Application:
+        app = super().make_app()
+        app.router.add_get("/workers", self._workers)
+        return app
+
+    async def _workers(self, request: web.Request) -> web.Response:
+        return web.json_response({"workers": [{"url": self.url}]})
+
+
+@contextlib.contextmanager
+def emulator_thread(**options: Any) -> Iterator[RouterEmulator]:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True, name="emulator")
+    thread.start()
+    emulator = RouterEmulator(**options)
+    asyncio.run_coroutine_threadsafe(emulator.start(), loop).result(10)
+    try:
+        yield emulator
+    finally:
+        asyncio.run_coroutine_threadsafe(emulator.stop(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+
+
+# ---- per-test wiring: deterministic rids, per-rid plans, reward counting -----------------------
+REWARDS: Counter[int] = Counter()
+
+
+async def count_reward(args: Any, sample: Any) -> float:
+    """The tests' reward function: counts calls per sample index; a short sleep lets streams run."""
+    REWARDS[sample.index] += 1
+    await asyncio.sleep(getattr(args, "test_reward_delay", 0.0))
+    return float(sample.response_length)
+
+
+@dataclasses.dataclass
+class Wiring:
+    """Names every request ``s<index>a<attempt>`` (fixed width: never a prefix of another rid, §3)
+    and applies per-rid plans: ``{"stop_at": k}`` (a stop token at position k) or ``{"fault": {...}}``."""
+
+    emulator: Emulator
+    plans: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    attempts: Counter[int] = dataclasses.field(default_factory=Counter)
+    payloads: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    headers: list[Any] = dataclasses.field(default_factory=list)
+    streams: list[GenerateStream] = dataclasses.field(default_factory=list)
+
+    def rid(self, sample: Any) -> str:
+        rid = f"s{sample.index:03d}a{self.attempts[sample.index]:02d}"
+        self.attempts[sample.index] += 1
+        return rid
+
+    def stream_class(self) -> type[GenerateStream]:
+        wiring = self
+
+        class PlannedStream(GenerateStream):
+            def __init__(self, session: Any, url: str, payload: dict[str, Any], **kwargs: Any) -> None:
+                wiring.payloads.append(payload)
+                wiring.headers.append(kwargs.get("headers"))
+                plan = wiring.plans.get(payload["rid"], {})
+                payload = dict(payload)
+                if "stop_at" in plan:
+                    k = plan["stop_at"]
+                    stop = wiring.emulator.expected(payload["rid"], k).token_ids[k - 1]
+                    payload["sampling_params"] = {**payload["sampling_params"], "stop_token_ids": [stop]}
+                if "fault" in plan:
+                    payload[FAULT_KEY] = plan["fault"]
+                super().__init__(session, url, payload, **kwargs)
+                wiring.streams.append(self)
+
+        return PlannedStream
+
+
+@contextlib.contextmanager
+def wired(env: SlimeEnv, emulator: Emulator) -> Iterator[Wiring]:
+    env.reset()
+    # slime's RolloutManager creates the shared httpx client before any rollout.
+    env.http_utils.init_http_client(SimpleNamespace(rollout_num_engines=1, sglang_server_concurrency=8,
+                                                    use_distributed_post=False))
+    wiring = Wiring(emulator)
+    patch = pytest.MonkeyPatch()
+    patch.setattr(fs, "_new_rid", wiring.rid)
+    patch.setattr(fs, "GenerateStream", wiring.stream_class())
+    try:
+        yield wiring
+    finally:
+        patch.undo()
+        env.reset()
+
+
+def make_args(emulator: Emulator, **overrides: Any) -> SimpleNamespace:
+    args = SimpleNamespace(
+        hf_checkpoint="fake-model", sglang_router_ip=emulator.host, sglang_router_port=emulator.port,
+        sglang_server_concurrency=8, rollout_num_engines=1, rollout_num_gpus=1, rollout_num_gpus_per_engine=1,
+        sglang_dp_size=None, use_distributed_post=False,
+        rollout_temperature=1.0, rollout_top_p=1.0, rollout_top_k=-1, rollout_max_response_len=40,
+        rollout_stop=None, rollout_stop_token_ids=None, rollout_skip_special_tokens=False, rollout_seed=0,
+        sglang_enable_deterministic_inference=False, ci_test=False,
+        partial_rollout=False, mask_offpolicy_in_partial_rollout=False, group_rm=False,
+        custom_generate_function_path="fastaccum.slime.generate",
+        custom_rm_path="fastaccum_slime_harness.count_reward", rm_type=None, reward_key=None,
+        rollout_global_dataset=True, rollout_batch_size=1, n_samples_per_prompt=1, over_sampling_batch_size=1,
+        dynamic_sampling_filter_path=None, rollout_sample_filter_path=None, rollout_all_samples_process_path=None,
+        rollout_sample_hook_path=None, buffer_filter_path=None,
+        use_rollout_routing_replay=False, num_layers=emulator.expert_shape[0], moe_router_topk=emulator.expert_shape[1],
+        router_policy=None, sglang_incremental_streaming_output=emulator.incremental_streaming_output,
+        fastaccum_idle_timeout=5.0, fastaccum_idle_poll_interval=0.02,
+    )
+    for key, value in overrides.items():
+        setattr(args, key, value)
+    return args
+
+
+class BufferedPrompts:
+    """A data source with slime's buffer semantics: buffered groups first, ``add_samples`` asserts
+    whole groups (``len(group) == n_samples_per_prompt``)."""
+
+    def __init__(self, env: SlimeEnv, args: Any) -> None:
+        self.env, self.args = env, args
+        self.buffer: list[list[Any]] = []
+        self.next_index = 0
+        self.added: list[list[list[Any]]] = []
+        self.created: list[list[Any]] = []
+
+    def get_samples(self, num_groups: int) -> list[list[Any]]:
+        groups, self.buffer = self.buffer[:num_groups], self.buffer[num_groups:]
+        while len(groups) < num_groups:
+            group = []
+            for _ in range(self.args.n_samples_per_prompt):
+                group.append(self.env.Sample(index=self.next_index, group_index=len(groups), prompt=PROMPT))
+                self.next_index += 1
+            groups.append(group)
+            self.created.append(group)
+        return groups
+
+    def add_samples(self, groups: list[list[Any]]) -> None:
+        for group in groups:
+            assert len(group) == self.args.n_samples_per_prompt
+        self.buffer.extend(groups)
+        self.added.append(groups)
+
+
+def new_sample(env: SlimeEnv, index: int = 0) -> Any:
+    return env.Sample(index=index, prompt=PROMPT)
+
+
+def sampling_params(env: SlimeEnv, args: Any) -> dict[str, Any]:
+    return env.rollout.GenerateState(args).sampling_params.copy()
+
+
+async def wait_until(predicate: Any, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.005)
+
+
+def prompt_ids() -> list[int]:
+    return FakeTokenizer().encode(PROMPT)
+
+
+def expected(emulator: Emulator, rid: str, n: int, *, prompt_tokens: int | None = None, **kwargs: Any) -> Any:
+    return emulator.expected(rid, n, prompt_tokens=len(prompt_ids()) if prompt_tokens is None else prompt_tokens,
+                             **kwargs)
+
+
+def assert_call(sample: Any, emulator: Emulator, rid: str, start: int, n: int, prompt_tokens: int) -> None:
+    """Response positions [start, start + n) are exactly ``rid``'s first n tokens (no duplicates)."""
+    gen = expected(emulator, rid, n, prompt_tokens=prompt_tokens)
+    base = len(prompt_ids())
+    assert sample.tokens[base + start : base + start + n] == list(gen.token_ids)
+    assert sample.rollout_log_probs[start : start + n] == [float(x) for x in gen.logprobs]
+
+
+# ---- scenarios ---------------------------------------------------------------------------------
+def scenario_stream_modes(env: SlimeEnv, incremental: bool, interval: int) -> None:
+    with emulator_thread(incremental_streaming_output=incremental, stream_interval=interval) as emu, \
+            wired(env, emu) as wiring:
+        args = make_args(emu, rollout_max_response_len=100)
+        wiring.plans["s001a00"] = {"stop_at": 7}
+
+        async def main() -> tuple[Any, Any]:
+            truncated = await fs.generate(args, new_sample(env, 0), sampling_params(env, args))
+            stopped = await fs.generate(args, new_sample(env, 1), sampling_params(env, args))
+            return truncated, stopped
+
+        truncated, stopped = env.run(main())
+        gen = expected(emu, "s000a00", 100)
+        assert truncated.tokens == prompt_ids() + list(gen.token_ids)
+        assert all(isinstance(t, int) for t in truncated.tokens)
+        assert truncated.rollout_log_probs == [float(x) for x in gen.logprobs]
+        assert truncated.response == gen.text(0, 100)
+        assert truncated.response_length == 100 and truncated.loss_mask == [1] * 100
+        assert truncated.status == env.Sample.Status.TRUNCATED
+        assert truncated.weight_versions == ["default"]  # one terminal commit
+        assert truncated.prefix_cache_info.total_prompt_tokens == len(prompt_ids())
+        assert stopped.status == env.Sample.Status.COMPLETED and stopped.response_length == 7
+        body = wiring.payloads[0]
+        assert body["stream"] is True and body["return_logprob"] is True and body["input_ids"] == prompt_ids()
+        assert body["sampling_params"]["max_new_tokens"] == 100 and "return_routed_experts" not in body
+
+
+def scenario_routed_experts_and_top_p(env: SlimeEnv, incremental: bool) -> None:
+    with emulator_thread(incremental_streaming_output=incremental, stream_interval=5,
+                         enable_return_routed_experts=True) as emu, wired(env, emu) as wiring:
+        args = make_args(emu, use_rollout_routing_replay=True, rollout_top_p=0.9, rollout_max_response_len=30)
+        sample = env.run(fs.generate(args, new_sample(env), sampling_params(env, args)))
+        gen = expected(emu, "s000a00", 30, top_p=True, routed_experts=True)
+        assert wiring.payloads[0]["return_routed_experts"] is True
+        assert wiring.payloads[0]["sampling_params"]["custom_params"] == {"return_top_p_token_ids": True}
+        experts = sample.rollout_routed_experts
+        assert torch.is_tensor(experts) and experts.dtype == torch.int32
+        assert tuple(experts.shape) == (len(sample.tokens) - 1, *emu.expert_shape)
+        assert np.array_equal(experts.numpy(), gen.routed_experts)
+        ids, offsets = sample.rollout_top_p_token_ids, sample.rollout_top_p_token_offsets
+        assert torch.is_tensor(ids) and ids.dtype == torch.int32 and offsets.dtype == torch.int32
+        assert offsets.tolist() == list(np.cumsum([0] + [len(r) for r in gen.top_p_rows]))
+        assert ids.tolist() == [t for row in gen.top_p_rows for t in row]
+
+
+async def _start_and_wait(emu: Emulator, coro: Any, tokens: int) -> asyncio.Task:
+    task = asyncio.get_running_loop().create_task(coro)
+    await wait_until(lambda: emu.stats.tokens >= tokens)
+    await asyncio.sleep(0.05)  # let the client read a few events
+    return task
+
+
+def scenario_deliberate_cancel_then_resume(env: SlimeEnv, incremental: bool) -> None:
+    """request_abort keeps the observed prefix (ABORTED); the resume adds no duplicated token and
+    recomputes routing for the whole sequence (no routed_experts_start_len)."""
+    with emulator_thread(incremental_streaming_output=incremental, token_rate=400,
+                         enable_return_routed_experts=True) as emu, wired(env, emu) as wiring:
+        args = make_args(emu, use_rollout_routing_replay=True, rollout_max_response_len=2000, partial_rollout=True)
+        sample = new_sample(env)
+        wiring.plans["s000a01"] = {"stop_at": 5}
+
+        async def first() -> Any:
+            task = await _start_and_wait(emu, fs.generate(args, sample, sampling_params(env, args)), 10)
+            groups = await fs.request_abort(args, 0)
+            assert groups == []  # nothing pending in this direct call
+            return await task
+
+        env.run(first())
+        k = sample.response_length
+        assert sample.status == env.Sample.Status.ABORTED and 0 < k < 2000
+        assert sample.weight_versions == ["default"]
+        assert_call(sample, emu, "s000a00", 0, k, len(prompt_ids()))
+        assert sample.response == expected(emu, "s000a00", k).text(0, k)
+        assert "s000a00" in emu.stats.disconnected_rids and emu.stats.aborted == 0  # no server-wide abort
+        assert emu.running == 0
+
+        env.rollout.GenerateState(args).reset()
+        env.run(fs.generate(args, sample, sampling_params(env, args)))
+        assert wiring.payloads[1]["input_ids"] == sample.tokens[: len(prompt_ids()) + k]
+        assert wiring.payloads[1]["sampling_params"]["max_new_tokens"] == 2000 - k
+        assert "routed_experts_start_len" not in wiring.payloads[1]
+        assert sample.status == env.Sample.Status.COMPLETED and sample.response_length == k + 5
+        assert_call(sample, emu, "s000a00", 0, k, len(prompt_ids()))
+        assert_call(sample, emu, "s000a01", k, 5, len(prompt_ids()) + k)
+        assert len(sample.loss_mask) == len(sample.rollout_log_probs) == k + 5
+        rows = expected(emu, "s000a01", 5, prompt_tokens=len(prompt_ids()) + k, routed_experts=True).routed_experts
+        assert tuple(sample.rollout_routed_experts.shape) == (len(sample.tokens) - 1, *emu.expert_shape)
+        assert np.array_equal(sample.rollout_routed_experts.numpy(), rows)
+
+
+def scenario_unrelated_cancellation_propagates(env: SlimeEnv) -> None:
+    with emulator_thread(token_rate=400) as emu, wired(env, emu):
+        args = make_args(emu, rollout_max_response_len=2000)
+        sample = new_sample(env)
+
+        async def main() -> None:
+            task = await _start_and_wait(emu, fs.generate(args, sample, sampling_params(env, args)), 5)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            # A deliberate abort racing with the parent's own cancel: the parent's wins.
+            other = new_sample(env, 1)
+            task = await _start_and_wait(emu, fs.generate(args, other, sampling_params(env, args)), 20)
+            for stream in list(fs._registry().request_streams):
+                stream.abort()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert other.response_length == 0 and other.status == env.Sample.Status.PENDING
+
+        env.run(main())
+        assert sample.response_length == 0 and sample.response == ""  # nothing committed
+        assert sample.status == env.Sample.Status.PENDING and sample.loss_mask is None
+        assert not fs._registries or all(not r.request_streams for r in fs._registries.values())
+
+
+def scenario_server_abort_commits_terminal(env: SlimeEnv, incremental: bool) -> None:
+    """SGLang's abort_all ends a running stream with a terminal abort chunk and a queued one with
+    the echo chunk: both are terminal events, committed like any other."""
+    with emulator_thread(incremental_streaming_output=incremental, token_rate=400, max_running_requests=1) as emu, \
+            wired(env, emu):
+        args = make_args(emu, rollout_max_response_len=2000)
+        running, queued = new_sample(env, 0), new_sample(env, 1)
+
+        async def main() -> None:
+            first = await _start_and_wait(emu, fs.generate(args, running, sampling_params(env, args)), 5)
+            second = asyncio.get_running_loop().create_task(fs.generate(args, queued, sampling_params(env, args)))
+            await wait_until(lambda: emu.queued == 1)
+            async with aiohttp.ClientSession() as session:
+                await session.post(emu.url + "/abort_request", json={"abort_all": True})
+            await asyncio.gather(first, second)
+
+        env.run(main())
+        assert running.status == env.Sample.Status.ABORTED and running.response_length > 0
+        assert running.weight_versions == ["default"]  # terminal bookkeeping ran
+        assert_call(running, emu, "s000a00", 0, running.response_length, len(prompt_ids()))
+        assert queued.status == env.Sample.Status.ABORTED and queued.response_length == 0
+
+
+def scenario_errors_fail_closed(env: SlimeEnv) -> None:
+    faults = [
+        ({"kind": "error_event", "at": 2, "message": "boom"}, ServerError),
+        ({"kind": "cut", "at": 2}, StreamTruncatedError),
+        ({"kind": "malformed_json", "at": 1}, StreamFormatError),
+        ({"kind": "http_500"}, ServerError),
+    ]
+    with emulator_thread() as emu, wired(env, emu) as wiring:
+        args = make_args(emu)
+        for index, (fault, error) in enumerate(faults):
+            wiring.plans[f"s{index:03d}a00"] = {"fault": fault}
+            sample = new_sample(env, index)
+            with pytest.raises(error):
+                env.run(fs.generate(args, sample, sampling_params(env, args)))
+            assert sample.response_length == 0 and sample.status == env.Sample.Status.PENDING
+    # Terminal results fastaccum refuses to commit: an abort with a status code, an unknown finish
+    # type, a null logprob.
+    base = StreamResult(mode="cumulative", token_ids=np.array([5, 6], np.int32), logprobs=np.array([-0.1, -0.2]),
+                        text="ab", meta_info={})
+    bad = [
+        (dataclasses.replace(base, finish_reason={"type": "abort", "status_code": 400, "message": "bad"}), ServerError),
+        (dataclasses.replace(base, finish_reason={"type": "weird"}), StreamFormatError),
+        (dataclasses.replace(base, finish_reason={"type": "stop"}, logprobs=np.array([-0.1, np.nan])), StreamFormatError),
+    ]
+    for result, error in bad:
+        sample = new_sample(env)
+        sample.tokens = prompt_ids()
+        with pytest.raises(error):
+            fs._commit_terminal(SimpleNamespace(), sample, result, FakeTokenizer())
+        assert sample.response_length == 0
+
+
+def scenario_register_then_check(env: SlimeEnv) -> None:
+    """A generate call that starts after the abort swept the registry sends nothing."""
+    with emulator_thread() as emu, wired(env, emu):
+        for top_p in (1.0, 0.9):
+            args = make_args(emu, rollout_top_p=top_p)
+            env.rollout.GenerateState(args).aborted = True
+            sample = env.run(fs.generate(args, new_sample(env), sampling_params(env, args)))
+            assert sample.status == env.Sample.Status.ABORTED and sample.response_length == 0
+            env.reset()
+        assert emu.stats.requests == 0
+
+
+def scenario_budget_and_headers(env: SlimeEnv) -> None:
+    with emulator_thread() as emu, wired(env, emu) as wiring:
+        args = make_args(emu, router_policy="consistent_hashing", rollout_max_response_len=3)
+        sample = new_sample(env)
+        sample.session_id = "session-1"
+        env.run(fs.generate(args, sample, sampling_params(env, args)))
+        assert wiring.headers[0] == {"X-SMG-Routing-Key": "session-1"}
+        sample.status = env.Sample.Status.ABORTED  # a resumed sample whose budget is spent
+        env.run(fs.generate(args, sample, sampling_params(env, args)))
+        assert sample.status == env.Sample.Status.TRUNCATED and len(wiring.payloads) == 1
+        sample.status = env.Sample.Status.ABORTED
+        params = sampling_params(env, args)
+        params["max_new_tokens"] = 2  # overrun (THUDM/slime#2260)
+        with pytest.raises(ValueError, match="max_new_tokens"):
+            env.run(fs.generate(args, sample, params))
+        params["max_new_tokens"] = None
+        with pytest.raises(ValueError, match="rollout-max-response-len"):
+            env.run(fs.generate(args, new_sample(env, 1), params))
+
+
+def scenario_text_decoded_once_without_tokenizer_text(env: SlimeEnv, incremental: bool) -> None:
+    with emulator_thread(incremental_streaming_output=incremental, skip_tokenizer_init=True) as emu, wired(env, emu):
+        args = make_args(emu, rollout_max_response_len=12)
+        before = FakeTokenizer.decodes
+        sample = env.run(fs.generate(args, new_sample(env), sampling_params(env, args)))
+        assert FakeTokenizer.decodes == before + 1
+        assert sample.response == FakeTokenizer().decode(sample.tokens[len(prompt_ids()):])
+
+
+def scenario_mode_check(env: SlimeEnv) -> None:
+    with emulator_thread(incremental_streaming_output=True) as emu, wired(env, emu):
+        args = make_args(emu, sglang_incremental_streaming_output=False)
+        with pytest.raises(ValueError, match=r"--sglang-incremental-streaming-output off.*--incremental-streaming-output on"):
+            env.run(fs.generate(args, new_sample(env), sampling_params(env, args)))
+        data_source = BufferedPrompts(env, args)
+        with pytest.raises(ValueError, match="sglang-incremental-streaming-output"):
+            fs.generate_rollout(args, 0, data_source)
+        assert emu.stats.requests == 0  # failed before anything was sent
+        args.fastaccum_stream_mode = "auto"
+        sample = env.run(fs.generate(args, new_sample(env), sampling_params(env, args)))
+        assert sample.response_length == 40
+
+
+def scenario_evaluation_delegates(env: SlimeEnv) -> None:
+    calls = []
+
+    def fake_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> str:
+        calls.append((evaluation, env.rollout.abort))
+        return "eval-output"
+
+    with emulator_thread() as emu, wired(env, emu):
+        patch = pytest.MonkeyPatch()
+        patch.setattr(env.rollout, "generate_rollout", fake_rollout)
+        try:
+            assert fs.generate_rollout(make_args(emu), 3, None, evaluation=True) == "eval-output"
+        finally:
+            patch.undo()
+    assert calls == [(True, env.rollout.abort)] and env.rollout.abort is not fs.request_abort
+
+
+def scenario_mixed_group_abort_buffer_resume(env: SlimeEnv) -> None:
+    """One completed, one aborted with a prefix and one aborted without: the group is buffered
+    whole, only the aborted siblings resume, nothing is duplicated, each reward is computed once;
+    a group with no observed prefix is dropped."""
+    with emulator_thread(token_rate=400) as emu, wired(env, emu) as wiring:
+        args = make_args(emu, partial_rollout=True, rollout_batch_size=1, n_samples_per_prompt=3,
+                         over_sampling_batch_size=3, rollout_max_response_len=3000, test_reward_delay=0.1)
+        stall = {"fault": {"kind": "stall", "at": 0, "seconds": 30}}
+        # rollout 0: group 0 (samples 0-2) finishes; group 1 = {3: completes, 4: long, 5: stalled};
+        # group 2 (6-8) is stalled before its first event (no prefix anywhere).
+        wiring.plans.update({"s000a00": {"stop_at": 3}, "s001a00": {"stop_at": 3}, "s002a00": {"stop_at": 3},
+                             "s003a00": {"stop_at": 2}, "s005a00": stall,
+                             "s006a00": stall, "s007a00": stall, "s008a00": stall})
+        source = BufferedPrompts(env, args)
+        first = fs.generate_rollout(args, 0, source)
+        assert [s.index for s in first.samples[0]] == [0, 1, 2]
+        assert len(source.added) == 1 and len(source.buffer) == 1  # group 2 dropped
+        group = source.buffer[0]
+        done, partial, empty = group
+        assert [s.index for s in group] == [3, 4, 5]
+        assert done.status == env.Sample.Status.COMPLETED and REWARDS[3] == 1
+        k = partial.response_length
+        assert partial.status == env.Sample.Status.ABORTED and k > 0 and partial.reward is None
+        assert partial.metadata["start_rollout_id"] == 0 and "start_rollout_id" not in empty.metadata
+        assert empty.status == env.Sample.Status.ABORTED and empty.response_length == 0
+        assert env.rollout.abort is not fs.request_abort  # the swap was undone
+        snapshot = (list(done.tokens), done.response, done.reward, list(done.rollout_log_probs))
+
+        # rollout 1: the buffered group comes back first (plus 9-17); its aborted siblings finish
+        # quickly while the fresh groups run long.
+        wiring.plans.update({"s004a01": {"stop_at": 4}, "s005a01": {"stop_at": 6}})
+        second = fs.generate_rollout(args, 1, source)
+        assert [s.index for s in second.samples[0]] == [3, 4, 5]
+        assert (list(done.tokens), done.response, done.reward, list(done.rollout_log_probs)) == snapshot
+        assert wiring.attempts[3] == 1  # the completed sibling never called generate again
+        assert_call(partial, emu, "s004a00", 0, k, len(prompt_ids()))
+        assert_call(partial, emu, "s004a01", k, 4, len(prompt_ids()) + k)
+        assert partial.response_length == k + 4 and partial.status == env.Sample.Status.COMPLETED
+        assert_call(empty, emu, "s005a01", 0, 6, len(prompt_ids()))
+        assert empty.response_length == 6
+        assert REWARDS[3] == REWARDS[4] == REWARDS[5] == 1
+        # The fresh groups (9-17) ran long: each is buffered exactly when it kept a prefix (which of
+        # them got semaphore slots in time is up to the scheduler).
+        fresh = [g for g in source.created if g[0].index >= 9]  # the same Sample objects
+        buffered = [[s.index for s in g] for g in source.added[1]]
+        assert buffered and all(g[0] >= 9 for g in buffered)
+        for g in fresh:
+            kept = any(s.status == env.Sample.Status.ABORTED and s.response_length > 0 for s in g)
+            assert ([s.index for s in g] in buffered) == kept
+        assert emu.stats.aborted == 0  # request-level only: no server-wide abort was needed
+
+
+def scenario_idle_wait_and_fallback(env: SlimeEnv) -> None:
+    """After the request-level cancel fastaccum waits for idle servers; a request it cannot see
+    (a zombie) keeps a server busy, so the wait times out and falls back to the server-wide abort."""
+    with emulator_thread(token_rate=200) as emu, wired(env, emu):
+        args = make_args(emu, rollout_max_response_len=100_000, fastaccum_idle_timeout=0.3)
+        env.http_utils.init_http_client(args)
+
+        async def main() -> tuple[int, int]:
+            async with aiohttp.ClientSession() as session:
+                body = {"input_ids": [1, 2, 3], "rid": "zombie-1", "sampling_params": {"max_new_tokens": 100_000},
+                        "stream": True}
+                zombie = await session.post(emu.url + "/generate", json=body)
+                await wait_until(lambda: emu.running == 1)
+                task = await _start_and_wait(emu, fs.generate(args, new_sample(env), sampling_params(env, args)), 5)
+                await fs.request_abort(args, 0)
+                await task
+                aborted_while_fastaccum_only = emu.stats.aborted
+                zombie.close()
+                return aborted_while_fastaccum_only, emu.running
+
+        aborted, running = env.run(main())
+        assert aborted >= 1 and running == 0  # the fallback hit the zombie
+
+    with emulator_thread(token_rate=200) as emu, wired(env, emu):
+        args = make_args(emu, rollout_max_response_len=100_000)
+        env.http_utils.init_http_client(args)
+
+        async def quiet() -> None:
+            task = await _start_and_wait(emu, fs.generate(args, new_sample(env), sampling_params(env, args)), 5)
+            await fs.request_abort(args, 0)
+            await task
+            assert emu.running == 0
+
+        env.run(quiet())
+        assert emu.stats.aborted == 0  # idle without any /abort_request
+
+
+def scenario_top_p_falls_back_to_server_abort(env: SlimeEnv) -> None:
+    """With top-p replay the stream must end with its terminal chunk (the only one carrying the
+    CSR), so request_abort aborts server-wide; the resumed CSR covers every response token."""
+    with emulator_thread(token_rate=400) as emu, wired(env, emu) as wiring:
+        args = make_args(emu, rollout_top_p=0.9, rollout_max_response_len=5000, partial_rollout=True)
+        env.http_utils.init_http_client(args)
+        sample = new_sample(env)
+        wiring.plans["s000a01"] = {"stop_at": 3}
+
+        async def main() -> None:
+            task = await _start_and_wait(emu, fs.generate(args, sample, sampling_params(env, args)), 5)
+            assert fs._registry().server_generations == 1 and not fs._registry().request_streams
+            await fs.request_abort(args, 0)
+            await task
+
+        env.run(main())
+        k = sample.response_length
+        assert emu.stats.aborted >= 1 and sample.status == env.Sample.Status.ABORTED and k > 0
+        assert len(sample.rollout_top_p_token_offsets) == k + 1
+        env.rollout.GenerateState(args).reset()
+        env.run(fs.generate(args, sample, sampling_params(env, args)))
+        assert sample.response_length == k + 3 and sample.status == env.Sample.Status.COMPLETED
+        offsets = sample.rollout_top_p_token_offsets
+        assert len(offsets) == k + 4 and int(offsets[-1]) == len(sample.rollout_top_p_token_ids)
+        rows = expected(emu, "s000a01", 3, prompt_tokens=len(prompt_ids()) + k, top_p=True).top_p_rows
+        assert sample.rollout_top_p_token_ids[int(offsets[k]):].tolist() == [t for r in rows for t in r]
+
+
+def scenario_sample_fidelity(env: SlimeEnv) -> None:
+    """append_response_tokens rules the adapter relies on (keeps the double faithful to slime)."""
+    S = env.Sample
+    args = SimpleNamespace(num_layers=2, moe_router_topk=1)
+    s = S(tokens=[1, 2])
+    with pytest.raises(ValueError, match="log_probs length"):
+        s.append_response_tokens(args, tokens=[3], log_probs=[0.1, 0.2])
+    with pytest.raises(ValueError, match="require rollout log probabilities"):
+        s.append_response_tokens(args, tokens=[3])
+    s.append_response_tokens(args, tokens=np.array([3, 4]).tolist(), log_probs=[-0.5, -0.25], text="x",
+                             meta_info=None, update_terminal_info=False)
+    assert (s.tokens, s.response, s.response_length, s.loss_mask, s.status) == ([1, 2, 3, 4], "x", 2, [1, 1],
+                                                                                S.Status.PENDING)
+    with pytest.raises(TypeError):
+        s.append_response_tokens(args, tokens=[], log_probs=[], meta_info={"finish_reason": None})
+    s.append_response_tokens(args, tokens=[5], log_probs=[-1.0], meta_info={"finish_reason": {"type": "weird"}})
+    assert s.status == S.Status.PENDING  # unknown types keep the status
+    for kind, status in (("stop", S.Status.COMPLETED), ("length", S.Status.TRUNCATED), ("abort", S.Status.ABORTED)):
+        t = S(tokens=[1])
+        t.append_response_tokens(args, tokens=[2], log_probs=[-1.0], meta_info={"finish_reason": {"type": kind},
+                                                                                 "weight_version": "w3"})
+        assert t.status == status and t.weight_versions == ["w3"]
+    # top-p: rows for all call tokens, as int32 arrays; a partial CSR is refused
+    t = S(tokens=[1])
+    ids, offsets = np.array([7, 8, 9], np.int32), np.array([0, 1, 3], np.int32)
+    t.append_response_tokens(args, tokens=[2, 3], log_probs=[-1.0, -1.0],
+                             meta_info={"top_p_token_ids": ids, "top_p_token_offsets": offsets})
+    assert t.rollout_top_p_token_offsets.dtype == torch.int32 and t.rollout_top_p_token_ids.tolist() == [7, 8, 9]
+    with pytest.raises(ValueError, match="generated token count"):
+        t.append_response_tokens(args, tokens=[4, 5], log_probs=[-1.0, -1.0],
+                                 meta_info={"top_p_token_ids": ids[:1], "top_p_token_offsets": offsets[:2]})
+    with pytest.raises(ValueError, match="response_length"):  # a prefix without rows on a CSR sample
+        t.append_response_tokens(args, tokens=[6], log_probs=[-1.0])
+    # routed experts: rows == len(tokens) - 1, overwritten with start_len 0
+    r = S(tokens=[1, 2, 3])
+    r.append_response_tokens(args, tokens=[4], log_probs=[-1.0],
+                             meta_info={"routed_experts": np.arange(6, dtype=np.int32)})
+    assert tuple(r.rollout_routed_experts.shape) == (3, 2, 1)
+    r.append_response_tokens(args, tokens=[5], log_probs=[-1.0],
+                             meta_info={"routed_experts": np.arange(8, dtype=np.int32)})
+    assert tuple(r.rollout_routed_experts.shape) == (4, 2, 1)
+    with pytest.raises(ValueError, match="routed_experts element count"):
+        r.append_response_tokens(args, tokens=[6], log_probs=[-1.0],
+                                 meta_info={"routed_experts": np.arange(4, dtype=np.int32)})
+
+
+def scenario_signatures(env: SlimeEnv) -> None:
+    """The parameter names and defaults slime's plugin contract tests check."""
+    import inspect
+
+    assert tuple(inspect.signature(fs.generate).parameters)[:3] == ("args", "sample", "sampling_params")
+    assert env.misc.load_function("fastaccum.slime.generate").abort_mode == "request"
+    mine = inspect.signature(fs.generate_rollout).parameters
+    stock = inspect.signature(env.rollout.generate_rollout).parameters
+    assert tuple(mine) == tuple(stock)
+    assert [(p.kind, p.default) for p in mine.values()] == [(p.kind, p.default) for p in stock.values()]
+
+
+async def foreign_generate(args: Any, sample: Any, sampling_params: dict[str, Any]) -> Any:
+    """A generate function that is not request-abortable (no ``abort_mode``)."""
+    sample.append_response_tokens(args, tokens=[7], log_probs=[-0.5], text="x",
+                                  meta_info={"finish_reason": {"type": "stop"}})
+    return sample
+
+
+def scenario_foreign_generate_keeps_stock_abort(env: SlimeEnv) -> None:
+    """request_abort cannot see another function's requests: it hands over to slime's abort."""
+    calls = []
+
+    async def stock_abort(args: Any, rollout_id: int) -> list:
+        calls.append(rollout_id)
+        state = env.rollout.GenerateState(args)
+        state.aborted = True
+        while state.pendings:
+            _, state.pendings = await asyncio.wait(state.pendings)
+        return []
+
+    with emulator_thread() as emu, wired(env, emu):
+        args = make_args(emu, custom_generate_function_path="fastaccum_slime_harness.foreign_generate")
+        patch = pytest.MonkeyPatch()
+        patch.setattr(env.rollout, "abort", stock_abort)
+        try:
+            output = fs.generate_rollout(args, 4, BufferedPrompts(env, args))
+            assert env.rollout.abort is stock_abort
+        finally:
+            patch.undo()
+    assert calls == [4] and output.samples[0][0].status == env.Sample.Status.COMPLETED
+
+
+# (name, function, parameter sets): both test tiers run exactly this list.
+SCENARIOS: list[tuple[str, Any, list[dict[str, Any]]]] = [
+    ("stream_modes", scenario_stream_modes,
+     [{"incremental": inc, "interval": iv} for inc in (False, True) for iv in (1, 20, 64)]),
+    ("routed_experts_and_top_p", scenario_routed_experts_and_top_p, [{"incremental": False}, {"incremental": True}]),
+    ("deliberate_cancel_then_resume", scenario_deliberate_cancel_then_resume,
+     [{"incremental": False}, {"incremental": True}]),
+    ("unrelated_cancellation_propagates", scenario_unrelated_cancellation_propagates, [{}]),
+    ("server_abort_commits_terminal", scenario_server_abort_commits_terminal,
+     [{"incremental": False}, {"incremental": True}]),
+    ("errors_fail_closed", scenario_errors_fail_closed, [{}]),
+    ("register_then_check", scenario_register_then_check, [{}]),
+    ("budget_and_headers", scenario_budget_and_headers, [{}]),
+    ("text_decoded_once", scenario_text_decoded_once_without_tokenizer_text,
+     [{"incremental": False}, {"incremental": True}]),
+    ("mode_check", scenario_mode_check, [{}]),
+    ("evaluation_delegates", scenario_evaluation_delegates, [{}]),
+    ("mixed_group_abort_buffer_resume", scenario_mixed_group_abort_buffer_resume, [{}]),
+    ("idle_wait_and_fallback", scenario_idle_wait_and_fallback, [{}]),
+    ("top_p_falls_back_to_server_abort", scenario_top_p_falls_back_to_server_abort, [{}]),
+    ("foreign_generate_keeps_stock_abort", scenario_foreign_generate_keeps_stock_abort, [{}]),
+    ("sample_fidelity", scenario_sample_fidelity, [{}]),
+    ("signatures", scenario_signatures, [{}]),
+]
+
+
+def scenario_params() -> list[Any]:
+    """pytest params: one per (scenario, parameter set), with readable ids."""
+    out = []
+    for name, fn, sets in SCENARIOS:
+        for kwargs in sets:
+            suffix = "-".join(f"{k}={v}" for k, v in kwargs.items())
+            out.append(pytest.param(fn, kwargs, id=f"{name}[{suffix}]" if suffix else name))
+    return out

@@ -1,0 +1,1 @@
+"""Test double of THUDM/slime (see ../README.md); never installed."""
