@@ -41,6 +41,7 @@ cdef class StreamAccumulator:
     cdef object _routed
     cdef dict _finish_reason
     cdef dict _meta
+    cdef tuple _lazy_meta  # (event bytes, start, end) of a scanned event's meta_info
     cdef Py_ssize_t _events  # JSON events applied or light-checked
     cdef Py_ssize_t _full_parses
     cdef Py_ssize_t _reported  # newest total the server reported
@@ -236,6 +237,11 @@ cdef class StreamAccumulator:
         cdef str mode, new_mode
         cdef Block routed_block = None
 
+        cdef ScanResult scanned
+        if FAST_SCAN and scan is None:
+            if scan_event(data, out_ids, lp_ids, lp_values, self._ids.size if self._mode == "cumulative" else 0,
+                          &scanned):
+                return self._apply_scanned(data, index, counted, &scanned)
         if scan is not None and not scan.off:
             scan.advance(data, None, True)  # finish the scan over the complete event
             json_bytes, spans = _cut_spans(data, scan.spans)
@@ -289,10 +295,48 @@ cdef class StreamAccumulator:
             if text is not None and type(text) is not str:
                 raise bad_format(index, f"text must be a string, not {type_name(text)}")
 
+        return self._commit(index, counted, data, spans, routed_block, meta, None, finish, echo,
+                            has_output_ids, has_logprobs, completion, lp_length, prompt, text)
+
+    cdef int _apply_scanned(self, bytearray data, Py_ssize_t index, bint counted, ScanResult* r) except -1:
+        """The rest of _apply for an event the scanner read (no finish_reason, no base64 arrays)."""
+        cdef Py_ssize_t at
+        if self._has_logprobs is not None and r.has_logprobs != self._has_logprobs:
+            what = "appeared" if r.has_logprobs else "disappeared"
+            raise bad_format(index, f"output_token_logprobs {what} mid-stream")
+        text = None
+        if r.has_text and not r.text_null:
+            at = r.text - <const unsigned char*>PyByteArray_AS_STRING(data)
+            if r.text_escaped:
+                text = _loads(memoryview(data)[at - 1 : at + r.text_len + 1])
+            else:
+                text = PyUnicode_DecodeUTF8(<const char*>r.text, r.text_len, NULL)
+        return self._commit(
+            index, counted, data, None, None, None, (data, r.meta_start, r.meta_end), None, False,
+            r.has_output_ids, r.has_logprobs,
+            r.completion if r.completion >= 0 else None,
+            r.lp_length if r.lp_length >= 0 else None,
+            r.prompt if r.prompt >= 0 else None,
+            text,
+        )
+
+    cdef int _commit(self, Py_ssize_t index, bint counted, bytearray data, dict spans, Block routed_block,
+                     dict meta, tuple lazy_meta, object finish, bint echo, bint has_output_ids,
+                     bint has_logprobs, object completion, object lp_length, object prompt,
+                     object text) except -1:
+        """Validate the event's lengths, text, top-p and routed experts, then commit it."""
+        cdef Py_ssize_t held, listed_n, total, new_n, start
+        cdef bint cumulative_fits, incremental_fits, fits
+        cdef const int32_t* listed
+        cdef const int32_t* new_ids = NULL
+        cdef const double* new_logprobs = NULL
+        cdef Int32Buffer out_ids = self._out_ids
+        cdef Int32Buffer lp_ids = self._lp_ids
+        cdef Float64Buffer lp_values = self._lp_values
+        cdef str mode, new_mode
         held = self._ids.size
         mode = self._mode
         new_mode = mode
-        with_logprobs = has_logprobs
         if echo:
             start = self._reconcile_echo(index, completion, has_output_ids, has_logprobs)
             if start < 0:
@@ -369,7 +413,7 @@ cdef class StreamAccumulator:
 
         top_p = self._read_top_p(index, meta, data, spans, new_mode, held, new_n)
         routed = self._routed
-        if "routed_experts" in meta:
+        if meta is not None and "routed_experts" in meta:
             routed = self._read_routed(index, meta, data, spans, new_mode, prompt, completion, total, routed_block)
 
         # ---- commit: nothing below can fail on valid input ----
@@ -389,6 +433,7 @@ cdef class StreamAccumulator:
         if finish is not None:
             self._finish_reason = finish
         self._meta = meta  # filtered once, when a result is built
+        self._lazy_meta = lazy_meta  # or kept as bytes until then (scanned events)
         self._mode = new_mode
         if not counted:
             self._events += 1
@@ -439,7 +484,7 @@ cdef class StreamAccumulator:
         """Decode and validate this event's top-p CSR; say whether it replaces or appends."""
         cdef Py_ssize_t rows, total, have
         for ids_key, offsets_key in _TOP_P_PAIRS:
-            if ids_key in meta or offsets_key in meta:
+            if meta is not None and (ids_key in meta or offsets_key in meta):
                 break
         else:
             if self._top_p_offsets is not None and added > 0:
@@ -505,6 +550,13 @@ cdef class StreamAccumulator:
             )
         return routed.reshape(rows, layers, topk)
 
+    cdef dict _meta_dict(self):
+        if self._lazy_meta is not None:
+            data, start, end = self._lazy_meta
+            self._meta = _loads(memoryview(data)[start:end])
+            self._lazy_meta = None
+        return self._meta
+
     cdef object _build(self):
         cdef list parts = self._text_parts
         text = None
@@ -521,7 +573,7 @@ cdef class StreamAccumulator:
             logprobs=self._logprobs.to_array() if self._has_logprobs else None,
             text=text,
             finish_reason=dict(self._finish_reason) if self._finish_reason is not None else None,
-            meta_info={k: v for k, v in self._meta.items() if k not in _DROPPED_META},
+            meta_info={k: v for k, v in self._meta_dict().items() if k not in _DROPPED_META},
             completion_tokens=self._ids.size,
             top_p_token_ids=top_p_ids,
             top_p_token_offsets=top_p_offsets,

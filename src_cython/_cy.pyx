@@ -328,4 +328,5 @@ cdef class Float64Buffer:
 
 include "_arrays.pxi"
 include "_stream.pxi"
+include "_scan.pxi"
 include "_accumulator.pxi"

@@ -1,0 +1,198 @@
+"""The compiled twin's native event scanner reads exactly what the orjson path reads.
+
+Ordinary events are scanned straight from the bytes (no Python object per token). The numbers
+must be bit-identical to orjson's parse, and every event the scanner is unsure of must fall back
+to orjson. ``_fast_scan(False)`` forces the orjson path, which these tests compare against.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import struct
+from collections.abc import Iterator
+
+import numpy as np
+import orjson
+import pytest
+
+from fastaccum.wire import WireOptions, split_pieces, stream_bytes, stream_events, synthetic_generation
+
+pytestmark = pytest.mark.c_extension
+
+
+@pytest.fixture
+def cy() -> Iterator[object]:
+    import fastaccum._cy as cy
+
+    old = cy._fast_scan()
+    yield cy
+    cy._fast_scan(old)
+
+
+def _run(cy, data: bytes, fast: bool, **kwargs):
+    cy._fast_scan(fast)
+    acc = cy.StreamAccumulator(**kwargs)
+    try:
+        acc.feed(data)
+        return ("ok", acc.finish()), acc.snapshot()
+    except Exception as exc:
+        return ("error", type(exc), str(exc)), acc.snapshot()
+
+
+def _same(a, b) -> None:
+    assert a.mode == b.mode and a.text == b.text and a.events == b.events
+    assert a.finish_reason == b.finish_reason and a.meta_info == b.meta_info
+    for name in ("token_ids", "logprobs", "top_p_token_ids", "top_p_token_offsets", "routed_experts"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert (x is None) == (y is None), name
+        if x is not None:
+            assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes(), name
+
+
+def _agree(cy, data: bytes, **kwargs) -> None:
+    (fast, fast_snap), (slow, slow_snap) = _run(cy, data, True, **kwargs), _run(cy, data, False, **kwargs)
+    assert fast[0] == slow[0], (fast, slow)
+    if fast[0] == "ok":
+        _same(fast[1], slow[1])
+    else:
+        assert fast[1:] == slow[1:]
+    _same(fast_snap, slow_snap)
+
+
+def _event(numbers: list[bytes], ids: list[int] | None = None, total: int = 0) -> bytes:
+    ids = ids or list(range(1, len(numbers) + 1))
+    triples = b",".join(b"[" + n + b"," + str(i).encode() + b",null]" for n, i in zip(numbers, ids))
+    out_ids = b",".join(str(i).encode() for i in ids)
+    total = total or len(ids)
+    return (
+        b'data: {"text":"x","output_ids":[' + out_ids + b'],"meta_info":{"id":"r","finish_reason":null,'
+        b'"prompt_tokens":3,"output_token_logprobs":[' + triples + b'],"output_token_logprobs_length":'
+        + str(total).encode() + b',"completion_tokens":' + str(total).encode() + b"}}\n\n"
+    )
+
+
+def _number_spellings(rng: random.Random) -> Iterator[bytes]:
+    """Doubles as orjson writes them, plus the other spellings JSON allows."""
+    for _ in range(4000):
+        kind = rng.random()
+        if kind < 0.4:
+            x = float(np.float32(-rng.random() * 10.0 ** -rng.randint(0, 12)))
+        elif kind < 0.7:
+            x = struct.unpack("<d", struct.pack("<Q", rng.getrandbits(64)))[0]
+            if not math.isfinite(x):
+                continue
+        else:
+            x = -rng.random() * 10.0 ** rng.randint(-30, 30)
+        text = orjson.dumps(x)
+        yield text
+        yield repr(x).encode()  # e-notation with a padded exponent sign, as orjson 3.8 wrote
+        yield f"{x:.25e}".encode()  # more digits than a double holds
+        yield f"{x:.17g}".encode()
+    yield from (
+        b"0", b"-0", b"-0.0", b"0.0", b"1e16", b"1e+16", b"1E-7", b"-1.0000000116860974e-7",
+        b"5e-324", b"2.2250738585072014e-308", b"1.7976931348623157e308", b"1e-400", b"123456789012345",
+        b"9007199254740993", b"18446744073709551616", b"0.30000000000000004", b"1." + b"0" * 40,
+        b"-0.000019999999494757503", b"4.9406564584124654e-324", b"2.4703282292062327e-324",
+        b"2.4703282292062328e-324", b"9007199254740993.0", b"0.1e1", b"100e-2",
+    )
+
+
+def test_numbers_parse_bit_identically_to_orjson(cy) -> None:
+    rng = random.Random(11)
+    spellings = list(_number_spellings(rng))
+    chunks = [spellings[i : i + 50] for i in range(0, len(spellings) - 30, 50)] + [[n] for n in spellings[-30:]]
+    scanned = 0
+    for chunk in chunks:
+        _agree(cy, _event(chunk) + b"data: [DONE]\n\n", mode="incremental")
+        # The values also equal orjson's own reading, bit for bit.
+        cy._fast_scan(True)
+        cy._scanned_events()
+        acc = cy.StreamAccumulator("incremental")
+        acc.feed(_event(chunk))
+        scanned += cy._scanned_events()
+        got = acc.snapshot().logprobs
+        want = np.array([float(orjson.loads(n)) if orjson.loads(n) is not None else np.nan for n in chunk])
+        assert got.tobytes() == want.tobytes(), [
+            (n, g, w) for n, g, w in zip(chunk, got, want) if struct.pack("<d", g) != struct.pack("<d", w)
+        ]
+    # Most chunks took the scanner; the others hold an integer spelling above 2**53 (as '%.17g'
+    # writes large doubles), whose float() rounding is left to the orjson path.
+    assert scanned >= 0.9 * len(chunks)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"01", b"1.", b".5", b"-", b"+1", b"1e", b"1e+", b"NaN", b"Infinity", b"-Infinity", b"1e400",
+        b"0x10", b"1_000", b"--1", b"1.5.5", b"true", b'"1"', b"[1]", b"1 ", b" 1",
+    ],
+)
+def test_numbers_the_scanner_refuses_go_to_orjson(cy, bad: bytes) -> None:
+    _agree(cy, _event([b"-0.5", bad, b"-0.25"]) + b"data: [DONE]\n\n", mode="incremental")
+
+
+EDITS = [
+    lambda d: d,
+    lambda d: d.replace(b'"text":"', b'"text":"\\u00e9\\n\\"', 1),  # escapes in text
+    lambda d: d.replace(b'"text":"', b'"text":"\\ud83d\\ude00', 1),  # a surrogate pair: orjson's
+    lambda d: d.replace(b'"text":"', b'"text":"\\ud800', 1),  # a lone surrogate
+    lambda d: d.replace(b'"text":"', b'"text":"\xff', 1),  # invalid UTF-8
+    lambda d: d.replace(b'"text":"', b'"text":"\xed\xa0\x80', 1),  # an encoded surrogate
+    lambda d: d.replace(b'"text":"', b'"text":"\xc0\xaf', 1),  # overlong
+    lambda d: d.replace(b'"text":"', b'"text":"\x01', 1),  # a raw control character
+    lambda d: d.replace(b'"text":"', b'"text":null,"x":"', 1),
+    lambda d: d.replace(b',"meta_info"', b', "meta_info"', 1),  # whitespace
+    lambda d: d.replace(b'"finish_reason":null', b'"finish_reason":null,"finish_reason":null', 1),
+    lambda d: d.replace(b'"completion_tokens":', b'"completion_tokens":-', 1),
+    lambda d: d.replace(b'"completion_tokens":', b'"completion_tokens":0', 1),
+    lambda d: d.replace(b'"prompt_tokens":3', b'"prompt_tokens":3.0', 1),
+    lambda d: d.replace(b'"output_ids":[', b'"output_ids":[2147483648,', 1),
+    lambda d: d.replace(b'"output_ids":[', b'"output_ids":[1.0,', 1),
+    lambda d: d.replace(b",null]", b"]", 1),  # a two-element entry
+    lambda d: d.replace(b",null]", b',"t\\u0041"]', 1),  # logprob text with an escape
+    lambda d: d.replace(b",null]", b",null,null]", 1),  # four elements
+    lambda d: d.replace(b'"id":"r"', b'"id":"r","nested":{"a":[1,{"b":[true,false,null]}],"c":-1.5e3}', 1),
+    lambda d: d.replace(b'"id":"r"', b'"id":' + b"[" * 70 + b"]" * 70, 1),  # deeper than the scanner goes
+    lambda d: d.replace(b'"id":"r"', b'"id":"r","error":1', 1),
+    lambda d: d.replace(b'{"text"', b'{"error":{"message":"m","code":500},"text"', 1),
+    lambda d: d.replace(b'{"text"', b'{"index":0,"text"', 1),
+    lambda d: d.replace(b"}}\n\n", b"}}x\n\n", 1),  # trailing bytes
+    lambda d: d.replace(b"}}\n\n", b"}\n\n", 1),  # unterminated
+    lambda d: d.replace(b'"meta_info":{', b'"meta_info":{"top_p_token_ids":"AAAAAA==",', 1),
+]
+
+
+@pytest.mark.parametrize("edit", range(len(EDITS)))
+def test_unusual_events_match_the_orjson_path(cy, edit: int) -> None:
+    rng = random.Random(edit)
+    gen = synthetic_generation("scan", 9, null_logprob_every=4)
+    for incremental in (True, False):
+        opts = WireOptions(incremental=incremental, logprob_text=rng.random() < 0.5)
+        events = stream_bytes(stream_events(gen, opts, interval=2)).split(b"\n\n")
+        events = [e + b"\n\n" for e in events if e]
+        k = rng.randrange(len(events) - 1)  # edit a non-terminal event
+        events[k] = EDITS[edit](events[k])
+        data = b"".join(events)
+        for mode in ("auto", "incremental" if incremental else "cumulative"):
+            _agree(cy, data, mode=mode)
+
+
+@pytest.mark.parametrize("incremental", [True, False])
+@pytest.mark.parametrize("interval", [1, 20, 64])
+def test_streams_match_the_orjson_path(cy, incremental: bool, interval: int) -> None:
+    rng = random.Random(interval)
+    for trial in range(5):
+        gen = synthetic_generation(f"eq{trial}", rng.choice([1, 50, 300]), top_p=rng.random() < 0.3,
+                                   expert_shape=(2, 2) if rng.random() < 0.3 else None, null_logprob_every=7)
+        opts = WireOptions(incremental=incremental, logprob_text=rng.random() < 0.5,
+                           skip_tokenizer_init=rng.random() < 0.3)
+        data = stream_bytes(stream_events(gen, opts, interval=interval))
+        for piece in (1, 97, 65536):
+            cy._fast_scan(True)
+            cy._scanned_events()
+            fast = cy.accumulate(split_pieces(data, [piece]))
+            assert cy._scanned_events() > 0 or len(gen.token_ids) == 1
+            cy._fast_scan(False)
+            slow = cy.accumulate(split_pieces(data, [piece]))
+            _same(fast, slow)
