@@ -50,14 +50,15 @@ def too_large(index: int, limit: int) -> StreamLimitError:
 
 
 def server_error(index: int, error: object) -> ServerError:
+    # Never str() an arbitrary JSON value: a hostile one nested a thousand deep would recurse.
     if isinstance(error, dict):
         message = error.get("message")
         code = error.get("code")
         status = code if isinstance(code, int) and not isinstance(code, bool) else None
-        text = message if isinstance(message, str) else str(error)
+        text = message if isinstance(message, str) else "an error object without a message"
     else:
         status = None
-        text = error if isinstance(error, str) else str(error)
+        text = error if isinstance(error, str) else f"an error value of type {type_name(error)}"
     prefix = f"event {index}: server error" + (f" {status}" if status is not None else "")
     return ServerError(f"{prefix}: {text}", event_index=index, status=status, server_message=text)
 

@@ -314,7 +314,10 @@ class StreamAccumulator:
             if meta.get(key) != "":
                 # The cut landed outside meta_info (not SGLang's shape): parse the whole event.
                 spans = {}
-                obj = orjson.loads(data)
+                try:
+                    obj = orjson.loads(data)
+                except orjson.JSONDecodeError as exc:
+                    raise bad_format(index, f"data is not valid JSON ({exc})") from None
                 meta = obj["meta_info"]
                 break
 

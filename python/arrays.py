@@ -8,7 +8,7 @@ import pybase64
 
 from fastaccum._messages import bad_format, type_name
 
-__all__ = ("B64_KEYS", "cut_b64_spans", "decode_int32")
+__all__ = ("B64_KEYS", "cut_b64_spans", "reappears", "decode_int32")
 
 # The meta_info values that are base64 int32 arrays; routed experts alone can be gigabytes.
 B64_KEYS: tuple[str, ...] = (
@@ -50,7 +50,7 @@ def cut_b64_spans(data: bytearray) -> tuple[bytes | bytearray, dict[str, tuple[i
         if data.find(b"\\", start, end) < 0:
             spans[key] = (start, end)
         pos = end
-    if not spans:
+    if not spans or reappears(data, spans):
         return data, {}
     parts: list[bytes | bytearray] = []
     pos = 0
@@ -59,6 +59,11 @@ def cut_b64_spans(data: bytearray) -> tuple[bytes | bytearray, dict[str, tuple[i
         pos = end
     parts.append(data[pos:])
     return b"".join(parts), spans
+
+
+def reappears(data: bytes | bytearray, spans: dict[str, tuple[int, int]]) -> bool:
+    """A cut key occurs again after its value (hostile input): orjson's reading must decide."""
+    return any(data.find(b'"' + key.encode() + b'":', end) >= 0 for key, (_, end) in spans.items())
 
 
 def _key_before(data: bytearray, at: int, spans: dict[str, tuple[int, int]]) -> str | None:

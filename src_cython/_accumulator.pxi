@@ -244,8 +244,11 @@ cdef class StreamAccumulator:
                 return self._apply_scanned(data, index, counted, &scanned)
         if scan is not None and not scan.off:
             scan.advance(data, None, True)  # finish the scan over the complete event
-            json_bytes, spans = _cut_spans(data, scan.spans)
-            routed_block = scan.block
+            if reappears(data, scan.spans):
+                json_bytes, spans = (scan.original(data) if scan.block is not None else data), {}
+            else:
+                json_bytes, spans = _cut_spans(data, scan.spans)
+                routed_block = scan.block
         else:
             json_bytes, spans = cut_b64_spans(data)
         try:
@@ -268,7 +271,10 @@ cdef class StreamAccumulator:
             if meta.get(key) != "":
                 # The cut landed outside meta_info (not SGLang's shape): parse the whole event.
                 spans = {}
-                obj = _loads(scan.original(data) if routed_block is not None else data)
+                try:
+                    obj = _loads(scan.original(data) if routed_block is not None else data)
+                except _JSONDecodeError as exc:
+                    raise bad_format(index, f"data is not valid JSON ({exc})") from None
                 meta = obj["meta_info"]
                 routed_block = None
                 break
@@ -447,22 +453,22 @@ cdef class StreamAccumulator:
                                     bint has_logprobs) except -2:
         """Where the tokens an abort echo adds start in the staged list, or -1 for none (§9.3)."""
         cdef Py_ssize_t held = self._ids.size
-        cdef Py_ssize_t count, full_start
+        cdef Py_ssize_t full_start
         cdef str mode = self._mode
+        # completion stays a Python int until it is known to fit: a hostile count can exceed int64.
         if completion is None:
             raise bad_format(index, "abort echo without completion_tokens")
-        count = completion
-        if count < held:
+        if completion < held:
             raise bad_length(
                 index, mode, f"abort echo reports {completion} tokens, fewer than the {held} held", held, completion
             )
-        if count == held:
+        if completion == held:
             return -1
-        if has_logprobs and self._lp_ids.size >= count:
+        if has_logprobs and self._lp_ids.size >= completion:
             # A coalesced delta may precede the full list: the full list is the tail.
-            full_start = self._lp_ids.size - count
+            full_start = self._lp_ids.size - <Py_ssize_t>completion
             self._check_prefix(index, self._lp_ids._data + full_start)
-        elif not has_logprobs and mode == "cumulative" and has_output_ids and self._out_ids.size == count:
+        elif not has_logprobs and mode == "cumulative" and has_output_ids and self._out_ids.size == completion:
             full_start = 0
             self._check_prefix(index, self._out_ids._data)
         else:

@@ -46,7 +46,21 @@ cdef tuple cut_b64_spans(bytearray data):
         if find_bytes(buf, end, b"\\", 1, start) < 0:
             spans[B64_KEYS[k]] = (start, end)
         pos = end
+    if reappears(data, spans):
+        return data, {}
     return _cut_spans(data, spans)
+
+
+cdef bint reappears(bytearray data, dict spans) except -1:
+    """A cut key occurs again after its value (hostile input): orjson's reading must decide."""
+    cdef const char* buf = PyByteArray_AS_STRING(data)
+    cdef Py_ssize_t n = PyByteArray_GET_SIZE(data)
+    cdef bytes pattern
+    for key, (start, end) in spans.items():
+        pattern = b'"' + key.encode() + b'":'
+        if find_bytes(buf, n, pattern, len(pattern), end) >= 0:
+            return True
+    return False
 
 
 cdef tuple _cut_spans(bytearray data, dict spans):
