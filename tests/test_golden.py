@@ -1,0 +1,330 @@
+"""Golden streams from SGLang's own output code: both twins parse them, the emulator's writer matches them.
+
+The goldens in tests/golden/<sglang version>/ were produced by tools/sglang_ref/generate_goldens.py
+running SGLang's real tokenizer manager, detokenizer and HTTP app (see tools/sglang_ref/README.md).
+Their manifest holds what each stream must parse to, computed from the token source alone. The
+``sglang_live`` tier regenerates them from an installed SGLang and fails on any byte of
+difference; it runs only when FASTACCUM_SGLANG_PYTHON names that venv's python.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+
+from fastaccum import wire
+from fastaccum.errors import ServerError, StreamTruncatedError
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "golden"
+GENERATOR = ROOT / "tools" / "sglang_ref" / "generate_goldens.py"
+
+
+def _load_scenarios() -> ModuleType:
+    # tools/ is not a package: load the scenario table (stdlib only) by path, as the generator does.
+    spec = importlib.util.spec_from_file_location("fastaccum_sglang_scenarios", GENERATOR.with_name("scenarios.py"))
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+scenarios = _load_scenarios()
+SCENARIOS = {sc.name: sc for sc in scenarios.SCENARIOS}
+
+
+def _load_cases() -> list[tuple[str, str, dict[str, Any]]]:
+    cases = []
+    for manifest_path in sorted(GOLDEN.glob("*/manifest.json")):
+        manifest = json.loads(manifest_path.read_text())
+        for name, entry in manifest["scenarios"].items():
+            cases.append((manifest["sglang_version"], name, entry))
+    return cases
+
+
+# Real differences found against SGLang's bytes, keyed by scenario name. Strict xfail: each one
+# turns into a failure once fixed, so the entry must then go.
+WIRE_DIFFERENCES: dict[str, str] = {
+    # fastaccum.wire (the emulator's writer)
+    "cum_echo_queued": (
+        "an echo that is the stream's first event carries meta_info.response_sent_to_client_ts as "
+        "its last key (_stream_one_response stamps the first event sent, finished or not); "
+        "wire.echo_event never writes it"
+    ),
+}
+WIRE_DIFFERENCES["inc_echo_queued"] = WIRE_DIFFERENCES["cum_echo_queued"]
+ACCUMULATOR_DIFFERENCES: dict[str, str] = {
+    # the accumulator (both twins)
+    "inc_echo_coalesced": (
+        "incremental echo coalesced behind an unread delta: SGLang's text is delta + full text "
+        "(_coalesce_streaming_chunks joins the delta's text and the echo's full text); the "
+        "accumulator ignores the whole event text in incremental mode, so the unread delta's text "
+        "is lost (ids and logprobs are recovered)"
+    ),
+}
+
+
+def _params(cases: list[tuple[str, str, dict[str, Any]]], known: dict[str, str]) -> list[Any]:
+    params = []
+    for version, name, entry in cases:
+        marks = [pytest.mark.xfail(strict=True, reason=known[name])] if name in known else []
+        params.append(pytest.param(version, name, entry, id=f"{version}/{name}", marks=marks))
+    return params
+
+
+ALL_CASES = _load_cases()
+CASES = _params(ALL_CASES, ACCUMULATOR_DIFFERENCES)
+MANIFEST_CASES = _params(ALL_CASES, {})
+COMPARABLE = [case for case in ALL_CASES if case[2]["emulator_comparable"]]
+EMULATOR_CASES = _params(COMPARABLE, WIRE_DIFFERENCES)
+PARSE_CASES = _params(COMPARABLE, {})
+
+
+def test_goldens_present_and_small() -> None:
+    versions = {json.loads(p.read_text())["sglang_version"] for p in GOLDEN.glob("*/manifest.json")}
+    assert "0.5.23" in versions
+    total = sum(p.stat().st_size for p in GOLDEN.rglob("*") if p.is_file())
+    assert total < 2_000_000, f"tests/golden holds {total} bytes; keep it under 2 MB"
+    for manifest_path in GOLDEN.glob("*/manifest.json"):
+        manifest = json.loads(manifest_path.read_text())
+        listed = {entry["file"] for entry in manifest["scenarios"].values()}
+        assert listed == {p.name for p in manifest_path.parent.glob("*.sse")}
+
+
+# ---- replay: both twins parse every golden to the expected result -----------------------------
+def _expected_logprobs(values: list[float | None]) -> np.ndarray:
+    return np.array([math.nan if v is None else v for v in values], dtype=np.float64)
+
+
+def _check_result(result: Any, expect: dict[str, Any], entry: dict[str, Any]) -> None:
+    assert result.token_ids.tolist() == expect["token_ids"]
+    assert result.completion_tokens == expect["completion_tokens"]
+    assert result.finish_reason == expect["finish_reason"]
+    assert result.text == expect["text"]
+    if expect["logprobs"] is None:
+        assert result.logprobs is None
+    else:
+        np.testing.assert_array_equal(result.logprobs, _expected_logprobs(expect["logprobs"]))
+    experts = expect["routed_experts"]
+    if experts is None:
+        assert result.routed_experts is None
+    else:
+        assert result.routed_experts.shape == tuple(experts["shape"])
+        assert result.routed_experts.reshape(-1).tolist() == experts["values"]
+
+
+def _accumulate(impl: ModuleType, pieces: list[bytes], entry: dict[str, Any], mode: str) -> Any:
+    shape = entry["source"]["expert_shape"]
+    return impl.accumulate(pieces, mode=mode, expert_shape=tuple(shape) if shape else None)
+
+
+@pytest.mark.parametrize(("version", "name", "entry"), CASES)
+@pytest.mark.parametrize("piece_size", [0, 7, 1021], ids=["whole", "7B", "1021B"])
+def test_golden_replays_to_expected_result(impl: ModuleType, version: str, name: str, entry: dict[str, Any], piece_size: int) -> None:
+    data = (GOLDEN / version / entry["file"]).read_bytes()
+    pieces = wire.split_pieces(data, [piece_size]) if piece_size else [data]
+    expect = entry["expect"]
+    if expect["outcome"] == "ok":
+        for mode in (expect["mode"], "auto"):
+            result = _accumulate(impl, pieces, entry, mode)
+            assert result.mode in (expect["mode"], "auto") if mode == "auto" else result.mode == mode
+            _check_result(result, expect, entry)
+        return
+    acc = impl.StreamAccumulator(mode="auto")
+    if expect["outcome"] == "server_error":
+        with pytest.raises(ServerError) as info:
+            for piece in pieces:
+                acc.feed(piece)
+            acc.finish()
+        assert info.value.status == expect["status"]
+        assert info.value.message == expect["message"]
+    else:
+        assert expect["outcome"] == "truncated"
+        with pytest.raises(StreamTruncatedError):
+            for piece in pieces:
+                acc.feed(piece)
+            acc.finish()
+    assert len(acc.snapshot()) == expect["prefix_tokens"]
+
+
+@pytest.mark.parametrize(("version", "name", "entry"), MANIFEST_CASES)
+def test_manifest_matches_token_source(version: str, name: str, entry: dict[str, Any]) -> None:
+    """The expectations were computed from the token source, not read back from SGLang's bytes."""
+    src = entry["source"]
+    gen = wire.synthetic_generation(
+        src["rid"],
+        src["n"],
+        seed=src["seed"],
+        prompt_tokens=src["prompt_tokens"],
+        expert_shape=tuple(src["expert_shape"]) if src["expert_shape"] else None,
+        null_logprob_every=src["null_logprob_every"],
+    )
+    expect = entry["expect"]
+    if expect["outcome"] != "ok":
+        return
+    held = expect["completion_tokens"]
+    assert expect["token_ids"] == list(gen.token_ids[:held])
+    if expect["logprobs"] is not None:
+        assert expect["logprobs"] == list(gen.logprobs[:held])
+
+
+# ---- the emulator's writer against SGLang's bytes ---------------------------------------------
+_VOLATILE = ("e2e_latency", "response_sent_to_client_ts")
+
+
+def _normalized(event: dict[str, Any]) -> dict[str, Any]:
+    """Timing values differ by construction (SGLang's clock vs fixed constants); keys stay in place."""
+    meta = event.get("meta_info")
+    if meta is None:
+        return event
+    meta = {k: ("<time>" if k in _VOLATILE else v) for k, v in meta.items()}
+    return {k: (meta if k == "meta_info" else v) for k, v in event.items()}
+
+
+def _golden_events(data: bytes) -> tuple[list[dict[str, Any]], bool]:
+    events, done = [], False
+    for block in data.split(b"\n\n"):
+        if not block:
+            continue
+        assert block.startswith(b"data: ") and b"\n" not in block
+        payload = block[len(b"data: ") :]
+        if payload == b"[DONE]":
+            done = True
+        else:
+            events.append(orjson.loads(payload))
+    return events, done
+
+
+def _emulated_events(version: str, name: str, entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """What fastaccum.wire writes for the same token source, emission points and reads."""
+    sc = SCENARIOS[name]
+    src, sched = entry["source"], entry["scheduler"]
+    finish = entry["expect"].get("finish_reason") if sc.kind != "echo" else None
+    gen = wire.synthetic_generation(
+        src["rid"],
+        src["n"],
+        seed=src["seed"],
+        prompt_tokens=src["prompt_tokens"],
+        expert_shape=tuple(src["expert_shape"]) if src["expert_shape"] else None,
+        null_logprob_every=src["null_logprob_every"],
+        finish_reason=finish if entry["expect"]["outcome"] == "ok" else None,
+    )
+    opts = wire.WireOptions(
+        incremental=sc.incremental,
+        return_logprob=sc.logprob,
+        logprob_text=sc.logprob_text,
+        skip_tokenizer_init=sc.skip_tokenizer_init,
+        version="0.5.15" if version.startswith("0.5.15") else "0.5.23",
+    )
+    points = sched["emission_points"]
+    events = []
+    for index, (group, with_echo) in enumerate(scenarios.read_plan(sc, points)):
+        chunks = []
+        for j, k in enumerate(group):
+            start = points[k - 1] if k else 0
+            terminal = k == len(points) - 1 and sc.kind != "echo"
+            # SGLang stamps response_sent_to_client_ts on the first event it sends (after coalescing).
+            first = index == 0 and j == len(group) - 1 and not with_echo
+            chunks.append(wire.normal_event(gen, opts, start, points[k], terminal=terminal, first=first))
+        if with_echo:
+            chunks.append(wire.echo_event(gen, opts, points[-1] if points else 0))
+        events.append(wire.coalesce(chunks) if opts.incremental and len(chunks) > 1 else chunks[-1])
+    if sc.error_after is not None:
+        events.append(wire.error_event(sc.error_message))
+    return events
+
+
+def _first_difference(ours: Any, theirs: Any, path: str = "$") -> str | None:
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        if list(ours) != list(theirs):
+            return f"{path}: keys {list(ours)} (wire) != {list(theirs)} (SGLang)"
+        for key in ours:
+            found = _first_difference(ours[key], theirs[key], f"{path}.{key}")
+            if found:
+                return found
+        return None
+    if isinstance(ours, list) and isinstance(theirs, list) and len(ours) == len(theirs):
+        for i, (a, b) in enumerate(zip(ours, theirs)):
+            found = _first_difference(a, b, f"{path}[{i}]")
+            if found:
+                return found
+        return None
+    if orjson.dumps(ours) != orjson.dumps(theirs):
+        return f"{path}: {orjson.dumps(ours)[:200]!r} (wire) != {orjson.dumps(theirs)[:200]!r} (SGLang)"
+    return None
+
+
+@pytest.mark.parametrize(("version", "name", "entry"), EMULATOR_CASES)
+def test_emulator_writes_what_sglang_writes(version: str, name: str, entry: dict[str, Any]) -> None:
+    """Same keys, key order, values and chunking per event (timings aside), and [DONE] at the end."""
+    golden, done = _golden_events((GOLDEN / version / entry["file"]).read_bytes())
+    emulated = _emulated_events(version, name, entry)
+    assert done, "SGLang ended this stream with [DONE]"
+    assert len(emulated) == len(golden), f"{len(emulated)} events (wire) != {len(golden)} (SGLang)"
+    for index, (ours, theirs) in enumerate(zip(emulated, golden)):
+        difference = _first_difference(_normalized(ours), _normalized(theirs))
+        assert difference is None, f"event {index}: {difference}"
+
+
+@pytest.mark.parametrize(("version", "name", "entry"), PARSE_CASES)
+def test_emulator_stream_parses_like_golden(impl: ModuleType, version: str, name: str, entry: dict[str, Any]) -> None:
+    expect = entry["expect"]
+    emulated = wire.stream_bytes(_emulated_events(version, name, entry))
+    if expect["outcome"] != "ok":
+        with pytest.raises(ServerError):
+            impl.accumulate([emulated])
+        return
+    ours = _accumulate(impl, [emulated], entry, expect["mode"])
+    theirs = _accumulate(impl, [(GOLDEN / version / entry["file"]).read_bytes()], entry, expect["mode"])
+    assert ours.token_ids.tolist() == theirs.token_ids.tolist()
+    assert ours.text == theirs.text
+    assert ours.finish_reason == theirs.finish_reason
+    assert ours.completion_tokens == theirs.completion_tokens
+    if theirs.logprobs is None:
+        assert ours.logprobs is None
+    else:
+        np.testing.assert_array_equal(ours.logprobs, theirs.logprobs)
+    if theirs.routed_experts is None:
+        assert ours.routed_experts is None
+    else:
+        np.testing.assert_array_equal(ours.routed_experts, theirs.routed_experts)
+
+
+# ---- live tier: regenerate from SGLang's code -------------------------------------------------
+@pytest.mark.sglang_live
+def test_sglang_regenerates_committed_goldens(tmp_path: Path) -> None:
+    """SGLang's own code, run now, writes the committed goldens byte for byte."""
+    python = os.environ.get("FASTACCUM_SGLANG_PYTHON")
+    if not python:
+        pytest.skip("FASTACCUM_SGLANG_PYTHON is not set (tools/sglang_ref/setup_venv.sh prints it)")
+    proc = subprocess.run(
+        [python, str(GENERATOR), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (out_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    committed = GOLDEN / out_dir.name
+    assert committed.is_dir(), (
+        f"no committed goldens for SGLang {out_dir.name}: add them with "
+        f"{python} {GENERATOR.relative_to(ROOT)} --out tests/golden"
+    )
+    fresh = {p.name: p.read_bytes() for p in out_dir.iterdir()}
+    kept = {p.name: p.read_bytes() for p in committed.iterdir()}
+    assert sorted(fresh) == sorted(kept)
+    changed = [name for name in sorted(fresh) if fresh[name] != kept[name]]
+    assert not changed, f"SGLang {out_dir.name} now writes different bytes for: {changed}"
