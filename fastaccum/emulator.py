@@ -489,7 +489,7 @@ class Emulator:
                 await resp.write(data[pos : pos + split])
 
         if req.state == "echo":  # aborted while queued: SGLang's echo chunk (§9.3)
-            await write(wire.sse(wire.echo_event(req.gen, req.opts, 0)) + wire.DONE)
+            await write(wire.sse(wire.echo_event(req.gen, req.opts, 0, first=True)) + wire.DONE)
             req.state = "done"
             return resp
 

@@ -232,8 +232,19 @@ def normal_event(
     return out
 
 
-def echo_event(gen: Generation, opts: WireOptions, held: int, *, message: str = "Abort in waiting queue") -> dict[str, Any]:
-    """The abort echo chunk for a queued or retracted request holding ``held`` ids (no new tokens)."""
+def echo_event(
+    gen: Generation,
+    opts: WireOptions,
+    held: int,
+    *,
+    message: str = "Abort in waiting queue",
+    first: bool = False,
+) -> dict[str, Any]:
+    """The abort echo chunk for a queued or retracted request holding ``held`` ids (no new tokens).
+
+    ``first``: the echo is the first event of the stream, which SGLang stamps with
+    ``response_sent_to_client_ts`` as the last key (seen in the reference goldens).
+    """
     out: dict[str, Any] = {}
     out["text"] = "" if opts.skip_tokenizer_init else gen.text(0, held)
     if opts.version == "0.5.15" or opts.incremental:
@@ -255,6 +266,8 @@ def echo_event(gen: Generation, opts: WireOptions, held: int, *, message: str = 
         if gen.top_p_rows is not None:
             meta.update(_top_p_fields(gen.top_p_rows[:held]))
     meta["completion_tokens"] = held
+    if first:
+        meta["response_sent_to_client_ts"] = 1767225600.0433
     out["meta_info"] = meta
     return out
 

@@ -123,6 +123,22 @@ def read_uint_at(data: bytearray, pos: int) -> int:
     return int(data[pos:end])
 
 
+def incremental_echo_text(held: str, echoed: str) -> str | None:
+    """The whole text an incremental echo carries, or None when it cannot be told (§9.3).
+
+    The echo repeats the whole text; a delta still queued when it was sent is coalesced in front
+    of it, giving delta + held + delta.
+    """
+    size, odd = divmod(len(echoed) + len(held), 2)
+    if not odd and size < len(echoed):
+        whole = echoed[len(echoed) - size :]
+        if whole.startswith(held) and whole[len(held) :] == echoed[: len(echoed) - size]:
+            return whole
+    if echoed.startswith(held):
+        return echoed
+    return None
+
+
 def check_offsets(index: int, key: str, offsets: npt.NDArray[np.int32], n_ids: int) -> None:
     if offsets.shape[0] == 0 or offsets[0] != 0:
         raise bad_format(index, f"meta_info.{key} must start at 0")
@@ -392,13 +408,16 @@ class StreamAccumulator:
                 new_logprobs = lp_values
         total = held + len(new_ids)
 
-        # Text: cumulative replaces, incremental (and undecided auto) appends; echo text is only
-        # trusted in cumulative mode (in incremental mode it repeats the whole text, §9.3).
+        # Text: cumulative replaces, incremental (and undecided auto) appends. An echo's text is the
+        # whole text (behind a coalesced delta in incremental mode, §9.3); undecided auto ignores it.
         text_update = None
         text_replaces = False
         if echo:
-            if new_mode == "cumulative" and self._text_parts is not None and text is not None:
-                text_update = text
+            if self._text_parts is not None and text is not None:
+                if new_mode == "cumulative":
+                    text_update = text
+                elif new_mode == "incremental":
+                    text_update = incremental_echo_text("".join(self._text_parts), text)
                 text_replaces = True
         elif text is not None:
             text_update = text

@@ -26,6 +26,22 @@ _loads = orjson.loads
 _JSONDecodeError = orjson.JSONDecodeError
 
 
+cdef object incremental_echo_text(str held, str echoed):
+    """The whole text an incremental echo carries, or None when it cannot be told (§9.3).
+
+    The echo repeats the whole text; a delta still queued when it was sent is coalesced in front
+    of it, giving delta + held + delta.
+    """
+    size, odd = divmod(len(echoed) + len(held), 2)
+    if not odd and size < len(echoed):
+        whole = echoed[len(echoed) - size :]
+        if whole.startswith(held) and whole[len(held) :] == echoed[: len(echoed) - size]:
+            return whole
+    if echoed.startswith(held):
+        return echoed
+    return None
+
+
 cdef class StreamAccumulator:
     """Feeds raw SSE bytes of one SGLang /generate stream and accumulates tokens into arrays."""
 
@@ -405,13 +421,16 @@ cdef class StreamAccumulator:
                     new_logprobs = lp_values._data
         total = held + new_n
 
-        # Text: cumulative replaces, incremental (and undecided auto) appends; echo text is only
-        # trusted in cumulative mode (in incremental mode it repeats the whole text, §9.3).
+        # Text: cumulative replaces, incremental (and undecided auto) appends. An echo's text is the
+        # whole text (behind a coalesced delta in incremental mode, §9.3); undecided auto ignores it.
         text_update = None
         text_replaces = False
         if echo:
-            if new_mode == "cumulative" and self._text_parts is not None and text is not None:
-                text_update = text
+            if self._text_parts is not None and text is not None:
+                if new_mode == "cumulative":
+                    text_update = text
+                elif new_mode == "incremental":
+                    text_update = incremental_echo_text("".join(self._text_parts), text)
                 text_replaces = True
         elif text is not None:
             text_update = text

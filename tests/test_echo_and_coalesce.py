@@ -89,10 +89,8 @@ def test_echo_reconciles_through_completion_tokens(
     assert result.finish_reason == ECHO_REASON and result.finished
     if held == 0:
         assert result.text is None  # the stream carried no text before the echo
-    elif incremental:
-        assert result.text == gen.text(0, held)  # never appended: it is the full text again
     else:
-        assert result.text == gen.text(0, total)  # cumulative: the echo's text replaces
+        assert result.text == gen.text(0, total)  # the echo's whole text replaces, never appended
     assert result.routed_experts is None
 
 
@@ -188,7 +186,7 @@ def test_echo_after_auto_decided(impl: ModuleType, incremental: bool) -> None:
     result = _run(impl, events)
     assert result.mode == _mode_of(opts)
     assert result.token_ids.tolist() == list(gen.token_ids)
-    assert result.text == (gen.text(0, 4) if incremental else gen.text(0, 10))
+    assert result.text == gen.text(0, 10)  # the echo's whole text, in both modes
 
 
 def test_scheduler_echo_with_status_code_keeps_its_finish_reason(impl: ModuleType) -> None:
@@ -231,7 +229,7 @@ def test_echo_with_top_p_snapshot_replaces(impl: ModuleType) -> None:
 
 @pytest.mark.parametrize("deltas", [1, 3])
 @pytest.mark.parametrize("version", ["0.5.23", "0.5.15"])
-def test_coalesced_echo_recovers_delta_and_ignores_text(impl: ModuleType, version: str, deltas: int) -> None:
+def test_coalesced_echo_recovers_the_delta_and_its_text(impl: ModuleType, version: str, deltas: int) -> None:
     opts = WireOptions(incremental=True, version=version, logprob_text=True)
     held, total = 5, 5 + 2 * deltas
     gen = synthetic_generation("coalesced-echo", total)
@@ -245,7 +243,8 @@ def test_coalesced_echo_recovers_delta_and_ignores_text(impl: ModuleType, versio
         assert result.token_ids.tolist() == list(gen.token_ids)
         assert result.logprobs.tobytes() == _logprobs(gen, total).tobytes()
         assert result.completion_tokens == total
-        assert result.text == gen.text(0, held)
+        # SGLang's text is delta + whole text; the delta in front is taken off (§9.3).
+        assert result.text == gen.text(0, total)
         assert result.finish_reason == ECHO_REASON
         assert result.mode == "incremental"
 

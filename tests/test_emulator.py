@@ -227,7 +227,7 @@ def test_abort_of_a_queued_request_sends_the_echo_chunk(incremental: bool, versi
     body = run(main())
     gen = emulator.expected("q-wait", 50, prompt_tokens=len(PROMPT))
     opts = wire.WireOptions(incremental=incremental, version=version)
-    assert body == wire.sse(wire.echo_event(gen, opts, 0)) + wire.DONE
+    assert body == wire.sse(wire.echo_event(gen, opts, 0, first=True)) + wire.DONE
 
 
 def test_abort_matches_rids_by_prefix_and_abort_all_hits_everything() -> None:

@@ -57,22 +57,12 @@ def _load_cases() -> list[tuple[str, str, dict[str, Any]]]:
 # Real differences found against SGLang's bytes, keyed by scenario name. Strict xfail: each one
 # turns into a failure once fixed, so the entry must then go.
 WIRE_DIFFERENCES: dict[str, str] = {
-    # fastaccum.wire (the emulator's writer)
-    "cum_echo_queued": (
-        "an echo that is the stream's first event carries meta_info.response_sent_to_client_ts as "
-        "its last key (_stream_one_response stamps the first event sent, finished or not); "
-        "wire.echo_event never writes it"
-    ),
+    # fastaccum.wire (the emulator's writer) against SGLang: none known. (A first-event echo's
+    # response_sent_to_client_ts, found by this tier, is written since.)
 }
-WIRE_DIFFERENCES["inc_echo_queued"] = WIRE_DIFFERENCES["cum_echo_queued"]
 ACCUMULATOR_DIFFERENCES: dict[str, str] = {
-    # the accumulator (both twins)
-    "inc_echo_coalesced": (
-        "incremental echo coalesced behind an unread delta: SGLang's text is delta + full text "
-        "(_coalesce_streaming_chunks joins the delta's text and the echo's full text); the "
-        "accumulator ignores the whole event text in incremental mode, so the unread delta's text "
-        "is lost (ids and logprobs are recovered)"
-    ),
+    # the accumulator (both twins) against SGLang: none known. (The text of an incremental echo
+    # coalesced behind an unread delta, found by this tier, is reconciled since.)
 }
 
 
@@ -239,7 +229,7 @@ def _emulated_events(version: str, name: str, entry: dict[str, Any]) -> list[dic
             first = index == 0 and j == len(group) - 1 and not with_echo
             chunks.append(wire.normal_event(gen, opts, start, points[k], terminal=terminal, first=first))
         if with_echo:
-            chunks.append(wire.echo_event(gen, opts, points[-1] if points else 0))
+            chunks.append(wire.echo_event(gen, opts, points[-1] if points else 0, first=index == 0))
         events.append(wire.coalesce(chunks) if opts.incremental and len(chunks) > 1 else chunks[-1])
     if sc.error_after is not None:
         events.append(wire.error_event(sc.error_message))
