@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The whole test run, on a clean checkout: a fresh venv, the package built with its compiled core
+# required, the tests of both twins, the benchmarks once (so they cannot rot), one minute of
+# fuzzing and the suite of the core under AddressSanitizer + UBSan. `.ci/run` runs exactly this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export FASTACCUM_REQUIRE_EXTENSIONS=1  # the build fails, and the import refuses to fall back
+python3 -m venv .venv
+.venv/bin/pip install --quiet --upgrade pip
+.venv/bin/pip install --quiet '.[test]'
+.venv/bin/python -c 'import fastaccum; assert fastaccum.IMPLEMENTATION == "cython"; print("fastaccum", fastaccum.__version__, fastaccum.IMPLEMENTATION)'
+.venv/bin/pytest
+.venv/bin/pytest benchmarks --benchmark-disable
+PYTHON=.venv/bin/python tests/fuzz/run_fuzz.sh 60
+PYTHON=.venv/bin/python tools/sanitize.sh --asan-only
