@@ -8,7 +8,7 @@ export FASTACCUM_REQUIRE_EXTENSIONS=1  # the build fails, and the import refuses
 python3 -m venv .venv
 .venv/bin/pip install --quiet --upgrade pip
 .venv/bin/pip install --quiet '.[test]'
-.venv/bin/python -c 'import fastaccum; assert fastaccum.IMPLEMENTATION == "cython"; print("fastaccum", fastaccum.__version__, fastaccum.IMPLEMENTATION)'
+.venv/bin/python -P -c 'import fastaccum; assert fastaccum.IMPLEMENTATION == "cython"; print("fastaccum", fastaccum.__version__, fastaccum.IMPLEMENTATION)'
 .venv/bin/pytest
 .venv/bin/pytest benchmarks --benchmark-disable
 PYTHON=.venv/bin/python tests/fuzz/run_fuzz.sh 60
