@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -12,11 +13,13 @@ __all__ = ("Int32Buffer", "Float64Buffer")
 _MIN_CAPACITY = 256
 
 
-class Int32Buffer:
-    """Growable int32 storage. Grows by doubling; to_array() copies, so nothing is ever lent."""
+class _Buffer:
+    """Growable storage of one dtype. Grows by doubling; to_array() copies, so nothing is ever lent."""
+
+    dtype: ClassVar[type[np.generic]]
 
     def __init__(self) -> None:
-        self._array: npt.NDArray[np.int32] = np.empty(0, dtype=np.int32)
+        self._array: npt.NDArray[Any] = np.empty(0, dtype=self.dtype)
         self.size = 0
 
     @property
@@ -28,11 +31,11 @@ class Int32Buffer:
         if needed <= self.capacity:
             return
         # Doubling: a 500k-token stream reallocates ~12 times, not once per event.
-        grown = np.empty(max(needed, 2 * self.capacity, _MIN_CAPACITY), dtype=np.int32)
+        grown = np.empty(max(needed, 2 * self.capacity, _MIN_CAPACITY), dtype=self.dtype)
         grown[: self.size] = self._array[: self.size]
         self._array = grown
 
-    def extend(self, values: Sequence[int] | npt.NDArray[np.int32]) -> None:
+    def extend(self, values: Sequence[Any] | npt.NDArray[Any]) -> None:
         n = len(values)
         if n == 0:
             return
@@ -43,8 +46,14 @@ class Int32Buffer:
     def clear(self) -> None:
         self.size = 0
 
-    def to_array(self) -> npt.NDArray[np.int32]:
+    def to_array(self) -> npt.NDArray[Any]:
         return self._array[: self.size].copy()
+
+
+class Int32Buffer(_Buffer):
+    """Growable int32 storage (token ids, top-p CSR)."""
+
+    dtype = np.int32
 
     def equals_prefix(self, values: Sequence[int]) -> int:
         """Index of the first held id that differs from ``values`` (which is at least as long), or -1."""
@@ -57,35 +66,7 @@ class Int32Buffer:
         return int(self._array[index])
 
 
-class Float64Buffer:
-    """Growable float64 storage, same policy as Int32Buffer."""
+class Float64Buffer(_Buffer):
+    """Growable float64 storage (logprobs)."""
 
-    def __init__(self) -> None:
-        self._array: npt.NDArray[np.float64] = np.empty(0, dtype=np.float64)
-        self.size = 0
-
-    @property
-    def capacity(self) -> int:
-        return int(self._array.shape[0])
-
-    def reserve(self, extra: int) -> None:
-        needed = self.size + extra
-        if needed <= self.capacity:
-            return
-        grown = np.empty(max(needed, 2 * self.capacity, _MIN_CAPACITY), dtype=np.float64)
-        grown[: self.size] = self._array[: self.size]
-        self._array = grown
-
-    def extend(self, values: Sequence[float] | npt.NDArray[np.float64]) -> None:
-        n = len(values)
-        if n == 0:
-            return
-        self.reserve(n)
-        self._array[self.size : self.size + n] = values
-        self.size += n
-
-    def clear(self) -> None:
-        self.size = 0
-
-    def to_array(self) -> npt.NDArray[np.float64]:
-        return self._array[: self.size].copy()
+    dtype = np.float64
