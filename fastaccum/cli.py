@@ -300,7 +300,9 @@ async def _demo_async(args: argparse.Namespace) -> int:
 
 
 def _spawn_emulator(server_args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
-    command = [sys.executable, "-m", "fastaccum", "emulator", "--port", "0",
+    # -P: run from a source checkout, "-m" would otherwise import the checkout's fastaccum/ (which
+    # holds no compiled core) instead of the installed package.
+    command = [sys.executable, "-P", "-m", "fastaccum", "emulator", "--port", "0",
                "--stream-interval", str(server_args.stream_interval),
                "--num-layers", str(server_args.num_layers), "--topk", str(server_args.topk),
                "--num-experts", str(server_args.num_experts), "--seed", str(server_args.seed),

@@ -17,9 +17,9 @@ TIMEOUT_S = 120
 def fastaccum(*args: str, prelude: str = "") -> subprocess.CompletedProcess[str]:
     if prelude:  # run main() after some setup, e.g. hiding tqdm
         code = f"{prelude}\nimport sys\nfrom fastaccum.cli import main\nsys.exit(main({list(args)!r}))"
-        command = [sys.executable, "-c", code]
+        command = [sys.executable, "-P", "-c", code]
     else:
-        command = [sys.executable, "-m", "fastaccum", *args]
+        command = [sys.executable, "-P", "-m", "fastaccum", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
 
 
@@ -69,7 +69,7 @@ def test_replay_reports_the_typed_error_and_event_index(tmp_path: Path) -> None:
 
 def test_emulator_command_serves_until_terminated() -> None:
     child = subprocess.Popen(
-        [sys.executable, "-m", "fastaccum", "emulator", "--port", "0", "--incremental-streaming-output",
+        [sys.executable, "-P", "-m", "fastaccum", "emulator", "--port", "0", "--incremental-streaming-output",
          "--stream-interval", "4"],
         stdout=subprocess.PIPE, text=True,
     )

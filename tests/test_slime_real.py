@@ -61,7 +61,7 @@ def _contract(test_file: str, variable: str, value: str, deselect: str) -> subpr
     env = dict(os.environ, **{variable: value})
     env["PYTHONPATH"] = os.pathsep.join([str(Path(SLIME_PATH).resolve()), env.get("PYTHONPATH", "")])
     path = Path(SLIME_PATH) / "tests" / "plugin_contracts" / test_file
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(path), "-k", f"not {deselect}"]
+    command = [sys.executable, "-P", "-m", "pytest", "-q", "-p", "no:cacheprovider", str(path), "-k", f"not {deselect}"]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
 
 

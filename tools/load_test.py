@@ -136,7 +136,7 @@ class EmulatorProcess:
         # Lockstep (no token rate) sends every emission point as its own event, so a fault's
         # event index fixes the prefix exactly: 1 + STREAM_INTERVAL * (at - 1) tokens.
         rate = "0" if lockstep else str(TOKEN_RATE)
-        args = [sys.executable, "-m", "fastaccum", "emulator", "--port", "0", "--token-rate", rate,
+        args = [sys.executable, "-P", "-m", "fastaccum", "emulator", "--port", "0", "--token-rate", rate,
                 "--stream-interval", str(STREAM_INTERVAL), "--max-running-requests", "4096", "--seed", str(seed)]
         if incremental:
             args.append("--incremental-streaming-output")
