@@ -1,7 +1,13 @@
-"""Double of slime.rollout.sglang_rollout: GenerateState, the per-sample/group tasks, abort, the rollout.
+"""Stand-in for slime.rollout.sglang_rollout, written from integration doc §2.2, §6.1 and §12.
 
-Order of events follows the integration doc §2.2 and §6.1. ``IN_TREE_REQUEST_ABORT`` switches on a
-model of slime's in-tree request-level abort (THUDM/slime#2272; inferred, see ../../README.md).
+Models: ``GenerateState`` (the process singleton), ``_prepare_prompt_ids``, the per-sample and
+per-group tasks (``generate_and_rm``, ``generate_and_rm_group``), the stock ``abort`` and a
+``generate_rollout`` that reaches ``abort`` through this module's globals at call time (so a
+rollout plugin can swap it) and then resets the state.
+
+``IN_TREE_REQUEST_ABORT = True`` models newer slime builds that do request-level abort themselves
+(THUDM/slime#2272: ``cancellable_tasks``, ``active_server_generations``). That model is inferred
+from public descriptions only.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import inspect
 import logging
 import random
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from slime.backends.sglang_utils.server_control import abort_servers_until_idle
@@ -22,43 +29,61 @@ from slime.utils.misc import SingletonMeta, load_function
 from slime.utils.processing_utils import load_processor, load_tokenizer
 from slime.utils.types import Sample
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
+
+_ABORTED = Sample.Status.ABORTED
+_FINISHED = (Sample.Status.COMPLETED, Sample.Status.TRUNCATED)  # returned as they are on resume
 
 IN_TREE_REQUEST_ABORT = False
 
+# SGLang sampling parameter <- slime argument (doc §2.2, "Inputs").
+_SAMPLING_FROM_ARGS = (
+    ("temperature", "rollout_temperature"),
+    ("top_p", "rollout_top_p"),
+    ("top_k", "rollout_top_k"),
+    ("max_new_tokens", "rollout_max_response_len"),
+    ("stop", "rollout_stop"),
+    ("stop_token_ids", "rollout_stop_token_ids"),
+    ("skip_special_tokens", "rollout_skip_special_tokens"),
+)
+# Fixed for every request: keep stop strings in the text, no spaces around special tokens.
+_SAMPLING_FIXED = {"no_stop_trim": True, "spaces_between_special_tokens": False}
+
 
 def _prepare_prompt_ids(sample: Sample, tokenizer: Any, processor: Any) -> list[int]:
-    """Held tokens (prompt + partial on resume) when there are any, else the encoded prompt."""
-    if sample.tokens:
-        return sample.tokens
-    return tokenizer.encode(sample.prompt, add_special_tokens=False)
+    """The ids to send: what the sample already holds (prompt + partial response on resume),
+    else the text prompt encoded without special tokens. Multimodal prompts are not modelled."""
+    held = sample.tokens
+    if held:
+        return held
+    prompt = sample.prompt
+    return tokenizer.encode(prompt, add_special_tokens=False)
+
+
+def _initial_sampling_params(args: Any) -> dict[str, Any]:
+    params = {name: getattr(args, source) for name, source in _SAMPLING_FROM_ARGS}
+    params.update(_SAMPLING_FIXED)
+    if args.rollout_top_p != 1.0:  # top-p replay: ask the patched server for the kept sets
+        params["custom_params"] = {"return_top_p_token_ids": True}
+    return params
 
 
 class GenerateState(metaclass=SingletonMeta):
+    """Per-process rollout state: tokenizer, processor, concurrency gate, in-flight group tasks."""
+
     def __init__(self, args: Any) -> None:
         self.args = args
-        self.tokenizer = load_tokenizer(args.hf_checkpoint, trust_remote_code=True)
-        self.processor = load_processor(args.hf_checkpoint, trust_remote_code=True)
-        self.semaphore = asyncio.Semaphore(args.sglang_server_concurrency * get_rollout_num_engines(args))
-        self.sampling_params: dict[str, Any] = {
-            "temperature": args.rollout_temperature,
-            "top_p": args.rollout_top_p,
-            "top_k": args.rollout_top_k,
-            "max_new_tokens": args.rollout_max_response_len,
-            "stop": args.rollout_stop,
-            "stop_token_ids": args.rollout_stop_token_ids,
-            "skip_special_tokens": args.rollout_skip_special_tokens,
-            "no_stop_trim": True,
-            "spaces_between_special_tokens": False,
-        }
-        if args.rollout_top_p != 1.0:
-            self.sampling_params["custom_params"] = {"return_top_p_token_ids": True}
-        self.dp_counts = [0] * (getattr(args, "sglang_dp_size", None) or 1)
-        self.dp_rank = 0
+        checkpoint = args.hf_checkpoint
+        self.tokenizer = load_tokenizer(checkpoint, trust_remote_code=True)
+        self.processor = load_processor(checkpoint, trust_remote_code=True)
+        capacity = args.sglang_server_concurrency * get_rollout_num_engines(args)
+        self.semaphore = asyncio.Semaphore(capacity)
+        self.sampling_params: dict[str, Any] = _initial_sampling_params(args)
+        self._rank_load = [0] * (getattr(args, "sglang_dp_size", None) or 1)
         self.reset()
 
     def reset(self) -> None:
-        self.remaining_batch_size = 0
+        """Forget the finished rollout: no pending groups, not aborted."""
         self.pendings: set[asyncio.Task] = set()
         self.aborted = False
         if IN_TREE_REQUEST_ABORT:
@@ -66,143 +91,182 @@ class GenerateState(metaclass=SingletonMeta):
             self.active_server_generations = 0
 
     @contextlib.contextmanager
-    def dp_rank_context(self):
-        least = min(self.dp_counts)
-        rank = random.choice([i for i, c in enumerate(self.dp_counts) if c == least])
-        self.dp_counts[rank] += 1
-        self.dp_rank = rank
+    def dp_rank_context(self) -> Iterator[int]:
+        """Hold one data-parallel rank for the block: the least busy one, ties broken at random."""
+        load = self._rank_load
+        rank = min(range(len(load)), key=lambda r: (load[r], random.random()))
+        load[rank] += 1
         try:
             yield rank
         finally:
-            self.dp_counts[rank] -= 1
-
-    def submit_generate_tasks(self, groups: list[list[Sample]]) -> None:
-        for group in groups:
-            coro = generate_and_rm_group(self.args, group, sampling_params=self.sampling_params.copy(), evaluation=False)
-            self.pendings.add(asyncio.create_task(coro))
-        self.remaining_batch_size += len(groups)
+            load[rank] -= 1
 
 
+# ---- one sample -----------------------------------------------------------------------------------
 async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
-    raise NotImplementedError("the slime double has no stock (non-streaming) generate")
+    raise NotImplementedError("the stock non-streaming generate is not part of the slime double")
 
 
-async def async_rm(args: Any, sample: Sample) -> Any:
-    path = sample.custom_rm_path or args.custom_rm_path
+def _generate_function_for(args: Any, sample: Sample) -> Any:
+    # The sample's own path (set per eval dataset) beats the custom path, which beats the stock one.
+    path = getattr(sample, "generate_function_path", None) or getattr(args, "custom_generate_function_path", None)
+    return generate if path is None else load_function(path)
+
+
+async def _call_generate(args: Any, sample: Sample, sampling_params: dict[str, Any], evaluation: bool) -> Any:
+    fn = _generate_function_for(args, sample)
+    extra = {"evaluation": evaluation} if "evaluation" in inspect.signature(fn).parameters else {}
+    return await fn(args, sample, sampling_params, **extra)
+
+
+async def _reward(args: Any, sample: Sample) -> Any:
+    path = sample.custom_rm_path or getattr(args, "custom_rm_path", None)
     if path is None:
-        raise NotImplementedError("the slime double only runs custom reward functions")
-    return await load_function(path)(args, sample)
+        raise NotImplementedError("the slime double computes rewards only through a custom reward path")
+    reward_fn = load_function(path)
+    return await reward_fn(args, sample)
+
+
+def _leaves(result: Any) -> list[Sample]:
+    """A generate function returns one Sample, or a list of them for fan-out."""
+    return list(result) if isinstance(result, list) else [result]
 
 
 async def generate_and_rm(
     args: Any, sample: Sample, sampling_params: dict[str, Any], evaluation: bool = False
 ) -> Sample | list[Sample]:
-    # The off-policy mask runs before the early return, so it hits completed samples too (§11.1).
-    if args.partial_rollout and args.mask_offpolicy_in_partial_rollout and sample.response_length > 0:
-        sample.loss_mask = [0] * sample.response_length
-    if sample.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED):
-        assert sample.response is not None
+    """Generate one sample and score it, in the order of doc §2.2."""
+    resumed = sample.response_length > 0
+    if resumed and args.partial_rollout and args.mask_offpolicy_in_partial_rollout:
+        # Before the early return below, so completed samples lose their mask too (doc §11.1).
+        sample.loss_mask = [0 for _ in range(sample.response_length)]
+
+    if sample.status in _FINISHED:
         if not args.group_rm:
-            assert sample.reward is not None
+            assert sample.reward is not None, f"finished sample {sample.index} arrived without a reward"
         return sample
 
     state = GenerateState(args)
     async with state.semaphore:
-        if state.aborted:
-            sample.status = Sample.Status.ABORTED
-            return sample
         with state.dp_rank_context():
-            path = getattr(sample, "generate_function_path", None) or args.custom_generate_function_path
-            if path is None:
-                sample = await generate(args, sample, sampling_params)
-            else:
-                fn = load_function(path)
-                if "evaluation" in inspect.signature(fn).parameters:
-                    sample = await fn(args, sample, sampling_params, evaluation=evaluation)
-                else:
-                    sample = await fn(args, sample, sampling_params)
+            if state.aborted:  # the rollout is being aborted: do not start this one
+                sample.status = _ABORTED
+                return sample
+            result = await _call_generate(args, sample, sampling_params, evaluation)
 
-    if args.group_rm:
-        return sample
-    samples = sample if isinstance(sample, list) else [sample]
-    if any(s.status == Sample.Status.ABORTED for s in samples):
-        return sample
-    for s in samples:
-        if s.reward is None:
-            s.reward = await async_rm(args, s)
-    return sample
+    if not args.group_rm:
+        for done in _leaves(result):
+            if done.status is not _ABORTED and done.reward is None:
+                done.reward = await _reward(args, done)
+    return result
+
+
+# ---- one group --------------------------------------------------------------------------------------
+def _new_session_id() -> str:
+    return str(uuid.uuid4())
 
 
 async def generate_and_rm_group(
     args: Any, group: list[Sample], sampling_params: dict[str, Any], evaluation: bool = False
 ) -> list:
-    state = GenerateState(args)
-    if state.aborted:
+    """One task per sample, gathered: a CancelledError from any of them ends the whole group."""
+    if GenerateState(args).aborted:
         return group
-    for sample in group:
-        if sample.session_id is None:
-            sample.session_id = str(uuid.uuid4())
-    tasks = [
-        asyncio.create_task(generate_and_rm(args, sample, sampling_params.copy(), evaluation=evaluation))
-        for sample in group
+    for member in group:
+        if member.session_id is None:
+            member.session_id = _new_session_id()
+    per_sample = [
+        asyncio.create_task(generate_and_rm(args, member, dict(sampling_params), evaluation=evaluation))
+        for member in group
     ]
-    # A CancelledError in one sample's task kills the whole group here.
-    return list(await asyncio.gather(*tasks))
+    return list(await asyncio.gather(*per_sample))
+
+
+# ---- abort --------------------------------------------------------------------------------------------
+def _first_sample(group: list) -> Sample:
+    head = group[0]
+    return head[0] if isinstance(head, list) else head
+
+
+def _stamp_partial(group: list, rollout_id: int) -> None:
+    for entry in group:
+        for member in _leaves(entry):
+            if member.response:
+                member.metadata.setdefault("start_rollout_id", rollout_id)
+
+
+async def _server_wide_abort(args: Any) -> None:
+    router = f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
+    listing = await get(router + "/workers")
+    await abort_servers_until_idle([worker["url"] for worker in listing["workers"]])
+
+
+def _needs_server_wide_abort(state: GenerateState) -> bool:
+    if not IN_TREE_REQUEST_ABORT:
+        return True
+    # In-tree request-level abort: cancel the registered streams; go server-wide only for
+    # generations that must be stopped by the server.
+    for task in list(state.cancellable_tasks):
+        task.cancel()
+    return state.active_server_generations > 0
 
 
 async def abort(args: Any, rollout_id: int) -> list[list[Sample]]:
-    """Stock: server-wide abort until idle, then drain; with partial rollout every group is kept."""
+    """Stock abort (doc §6.1 step 4): stop the servers, wait for every in-flight group, and with
+    partial rollout hand all of them back for buffering."""
     state = GenerateState(args)
-    assert not state.aborted
+    assert not state.aborted, "abort() ran twice for one rollout"
     state.aborted = True
-    server_wide = True
-    if IN_TREE_REQUEST_ABORT:
-        for task in list(state.cancellable_tasks):
-            task.cancel()
-        server_wide = state.active_server_generations > 0
-    if server_wide:
-        workers = await get(f"http://{args.sglang_router_ip}:{args.sglang_router_port}/workers")
-        await abort_servers_until_idle([w["url"] for w in workers["workers"]])
-    kept: list[list[Sample]] = []
-    while state.pendings:
-        done, state.pendings = await asyncio.wait(state.pendings, return_when=asyncio.FIRST_COMPLETED)
-        if not args.partial_rollout:
-            continue
-        for task in done:
-            group = task.result()
-            for sample in group:
-                if sample.response and "start_rollout_id" not in sample.metadata:
-                    sample.metadata["start_rollout_id"] = rollout_id
-            kept.append(group)
-    return kept
+    if _needs_server_wide_abort(state):
+        await _server_wide_abort(args)
+
+    in_flight, state.pendings = state.pendings, set()
+    if not in_flight:
+        return []
+    finished, _ = await asyncio.wait(in_flight)
+    if not args.partial_rollout:
+        return []
+    returned = []
+    for task in finished:
+        group = task.result()
+        _stamp_partial(group, rollout_id)
+        returned.append(group)
+    return returned
 
 
+# ---- the rollout --------------------------------------------------------------------------------------
 async def generate_rollout_async(args: Any, rollout_id: int, data_source: Any) -> tuple[RolloutFnTrainOutput, list]:
-    assert args.rollout_global_dataset
+    """Collect ``rollout_batch_size`` finished groups, then abort the surplus still in flight."""
     state = GenerateState(args)
-    target = args.rollout_batch_size
-    data: list[list[Sample]] = []
-    while len(data) < target:
-        while state.remaining_batch_size < target:
-            state.submit_generate_tasks(data_source(args.over_sampling_batch_size))
-        done, state.pendings = await asyncio.wait(state.pendings, return_when=asyncio.FIRST_COMPLETED)
-        for task in done:
+    wanted = args.rollout_batch_size
+    launched = 0
+    kept: list[list[Sample]] = []
+    while len(kept) < wanted:
+        while launched < wanted:  # top up with over-sampled groups
+            for group in data_source(args.over_sampling_batch_size):
+                params = dict(state.sampling_params)
+                state.pendings.add(asyncio.create_task(generate_and_rm_group(args, group, params)))
+                launched += 1
+        finished, state.pendings = await asyncio.wait(state.pendings, return_when=asyncio.FIRST_COMPLETED)
+        for task in finished:
             group = task.result()
-            assert len(group) == args.n_samples_per_prompt
-            if len(data) < target:
-                data.append(group)
-    # Looked up through the module global at call time: rollout plugins may swap it.
-    aborted = await abort(args, rollout_id)
-    data.sort(key=lambda g: g[0][0].index if isinstance(g[0], list) else g[0].index)
+            if len(group) != args.n_samples_per_prompt:
+                raise AssertionError(f"group of {len(group)}, expected {args.n_samples_per_prompt}")
+            if len(kept) < wanted:
+                kept.append(group)
+    # ``abort`` is a module global looked up here, at call time: a rollout plugin may have swapped it.
+    leftovers = await abort(args, rollout_id)
+    kept.sort(key=lambda group: _first_sample(group).index)
     state.reset()
-    return RolloutFnTrainOutput(samples=data), aborted
+    return RolloutFnTrainOutput(samples=kept), leftovers
 
 
 def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
-    assert args.rollout_global_dataset
+    if not args.rollout_global_dataset:
+        raise AssertionError("the slime double models only the global-dataset rollout")
     if evaluation:
-        raise NotImplementedError("the slime double has no eval rollout")
-    output, aborted = run(generate_rollout_async(args, rollout_id, data_source.get_samples))
-    if aborted:
-        data_source.add_samples(aborted)
+        raise NotImplementedError("evaluation rollouts are not part of the slime double")
+    output, leftovers = run(generate_rollout_async(args, rollout_id, data_source.get_samples))
+    if leftovers:
+        data_source.add_samples(leftovers)
     return output

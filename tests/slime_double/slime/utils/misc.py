@@ -1,4 +1,5 @@
-"""Double of slime.utils.misc: function loading, singletons, int32 meta arrays."""
+"""Stand-in for slime.utils.misc (integration doc §2.1, §4.1): ``load_function``,
+``SingletonMeta`` and ``decode_int32_meta_array``. Written from the doc; no slime code."""
 
 from __future__ import annotations
 
@@ -11,37 +12,68 @@ import torch
 
 @functools.cache
 def load_function(path: str) -> Any:
-    """``pkg.module.attr`` -> the attribute itself (so function attributes stay visible); cached."""
-    module_name, _, name = path.rpartition(".")
-    return getattr(importlib.import_module(module_name), name)
+    """Resolve ``package.module.name`` to the object itself (function attributes stay readable).
+
+    Cached per path, as in slime; tests clear the cache with ``load_function.cache_clear()``.
+    """
+    module_path, _, attribute = path.rpartition(".")
+    return getattr(importlib.import_module(module_path), attribute)
 
 
 class SingletonMeta(type):
-    """One instance per class, created by the first call; later calls ignore their arguments."""
+    """The first construction wins; later ``Cls(...)`` calls hand back that object unchanged.
+
+    Instances live in ``SingletonMeta._instances`` (keyed by class), which tests pre-seed or clear.
+    """
 
     _instances: dict[type, Any] = {}
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        if cls not in SingletonMeta._instances:
-            SingletonMeta._instances[cls] = super().__call__(*args, **kwargs)
-        return SingletonMeta._instances[cls]
+        registry = SingletonMeta._instances
+        existing = registry.get(cls)
+        if existing is None:
+            existing = registry[cls] = super().__call__(*args, **kwargs)
+        return existing
+
+
+# ---- int32 arrays in SGLang meta_info -----------------------------------------------------------
+def _from_base64(encoded: str) -> torch.Tensor:
+    import pybase64  # lazy, like slime: it is not among slime's declared requirements
+
+    return _from_raw_bytes(pybase64.b64decode(encoded.encode()))
+
+
+def _from_raw_bytes(raw: bytes | bytearray | memoryview) -> torch.Tensor:
+    owned = bytearray(raw)  # a private, writable copy: the caller's buffer is never aliased
+    return torch.frombuffer(owned, dtype=torch.int32)  # (torch rejects an empty buffer)
+
+
+def _from_array_like(values: Any) -> torch.Tensor:
+    if torch.is_tensor(values):
+        return values.detach().to(device="cpu", dtype=torch.int32).flatten()
+    flags = getattr(values, "flags", None)
+    if flags is not None and not flags.writeable:
+        values = values.copy()  # torch will not wrap read-only numpy memory
+    return torch.as_tensor(values, dtype=torch.int32).flatten()
 
 
 def decode_int32_meta_array(meta_info: dict[str, Any], keys: Any) -> torch.Tensor | None:
-    """The first present key's value as a flat int32 tensor; base64 str, bytes, tensor or array."""
-    names = (keys,) if isinstance(keys, str) else tuple(keys)
-    key = next((k for k in names if k in meta_info), None)
-    if key is None or meta_info[key] is None:
-        return None
-    value = meta_info[key]
-    if isinstance(value, str):
-        import pybase64  # slime imports it lazily too (it is not in slime's requirements)
+    """Flat int32 tensor for the first of ``keys`` (a name or a sequence of names) in ``meta_info``.
 
-        value = pybase64.b64decode(value.encode("ascii"))
+    Accepted values: base64 text, raw bytes-likes (copied), tensors, and anything
+    ``torch.as_tensor`` takes. A missing key, or one holding None, gives None.
+    """
+    candidates = [keys] if isinstance(keys, str) else list(keys)
+    for name in candidates:
+        if name in meta_info:
+            value = meta_info[name]
+            break
+    else:
+        return None
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return _from_base64(value)
     if isinstance(value, (bytes, bytearray, memoryview)):
-        return torch.frombuffer(bytearray(value), dtype=torch.int32)
-    if torch.is_tensor(value):
-        return value.detach().cpu().to(torch.int32).reshape(-1)
-    if getattr(getattr(value, "flags", None), "writeable", True) is False:
-        value = value.copy()  # torch refuses read-only numpy memory
-    return torch.as_tensor(value, dtype=torch.int32).reshape(-1)
+        return _from_raw_bytes(value)
+    return _from_array_like(value)

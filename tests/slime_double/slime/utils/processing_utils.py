@@ -1,25 +1,34 @@
-"""Double of slime.utils.processing_utils: tokenizer/processor loading through ``transformers``."""
+"""Stand-in for slime.utils.processing_utils: tokenizer and processor loading.
+
+Goes through ``transformers``, which the tests replace with a stub (integration doc §12).
+Multimodal input is not modelled.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 
-def load_tokenizer(name_or_path: str, **kwargs: Any) -> Any:
-    from transformers import AutoTokenizer
+def _transformers() -> Any:
+    import transformers  # imported on use: the tests install their stub first
 
-    return AutoTokenizer.from_pretrained(name_or_path, **kwargs)
+    return transformers
+
+
+def load_tokenizer(name_or_path: str, **kwargs: Any) -> Any:
+    loader = _transformers().AutoTokenizer
+    return loader.from_pretrained(name_or_path, **kwargs)
 
 
 def load_processor(name_or_path: str, **kwargs: Any) -> Any:
-    """None when no processor loads (text-only models), as slime's fallback ends."""
-    from transformers import AutoProcessor
-
+    """The model's processor, or None for text-only checkpoints that have none."""
+    loader = _transformers().AutoProcessor
     try:
-        return AutoProcessor.from_pretrained(name_or_path, **kwargs)
+        processor = loader.from_pretrained(name_or_path, **kwargs)
     except (OSError, ValueError):
-        return None
+        processor = None
+    return processor
 
 
 def encode_image_for_rollout_engine(image: Any) -> str:
-    raise NotImplementedError("the slime double does not model multimodal input")
+    raise NotImplementedError("multimodal input is outside what the slime double models")
