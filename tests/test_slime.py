@@ -8,6 +8,7 @@ the double (slime 624b824a8 predates it), so it is tested here alone.
 from __future__ import annotations
 
 import asyncio
+import time
 import importlib.util
 import sys
 from pathlib import Path
@@ -80,6 +81,10 @@ def test_in_tree_build_runs_its_own_lifecycle(in_tree: Any, monkeypatch: pytest.
         k = sample.response_length
         assert sample.status == env.Sample.Status.ABORTED and k > 0
         harness.assert_call(sample, emu, "s001a00", 0, k, len(harness.prompt_ids()))
+        # The emulator (another thread) sees the closed socket a moment after the client closes it.
+        deadline = time.monotonic() + 5.0
+        while "s001a00" not in emu.stats.disconnected_rids and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert "s001a00" in emu.stats.disconnected_rids and emu.stats.aborted == 0
 
 
