@@ -241,6 +241,13 @@ cdef const unsigned char* scan_number(const unsigned char* p, const unsigned cha
             p += 1
         e10 += exp_sign * exp_value
     if not convert:
+        # orjson refuses a number that overflows to infinity even where its value is unused, so a
+        # skipped number that may be that large is converted after all, just to check.
+        if sig + e10 <= 300 or exp_sign < 0 and exp_value >= 100000:
+            return p
+        value = PyOS_string_to_double(<const char*>start, &stop, NULL)
+        if <const unsigned char*>stop != p or isinf(value):
+            return NULL
         return p
     if not is_float:
         # orjson returns an int, converted by float(): exact below 2**53, else left to orjson

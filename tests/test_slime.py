@@ -8,9 +8,9 @@ the double (slime 624b824a8 predates it), so it is tested here alone.
 from __future__ import annotations
 
 import asyncio
-import time
 import importlib.util
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
