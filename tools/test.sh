@@ -11,5 +11,5 @@ python3 -m venv .venv
 .venv/bin/python -P -c 'import fastaccum; assert fastaccum.IMPLEMENTATION == "cython"; print("fastaccum", fastaccum.__version__, fastaccum.IMPLEMENTATION)'
 .venv/bin/pytest
 .venv/bin/pytest benchmarks --benchmark-disable
-PYTHON=.venv/bin/python tests/fuzz/run_fuzz.sh 60
-PYTHON=.venv/bin/python tools/sanitize.sh --asan-only
+PYTHON="$PWD/.venv/bin/python" tests/fuzz/run_fuzz.sh 60
+PYTHON="$PWD/.venv/bin/python" tools/sanitize.sh --asan-only
