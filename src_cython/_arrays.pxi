@@ -258,7 +258,8 @@ cdef Py_ssize_t read_uint_at(const char* data, Py_ssize_t n, Py_ssize_t pos) noe
     cdef Py_ssize_t limit = min(n, pos + 19)
     cdef Py_ssize_t value = 0
     while end < limit and 48 <= data[end] <= 57:
-        value = value * 10 + (data[end] - 48)
+        if end - pos < 18:  # a 19th digit is refused below, never accumulated (no overflow)
+            value = value * 10 + (data[end] - 48)
         end += 1
     if end == pos or end - pos > 18 or end >= n or (data[end] != 44 and data[end] != 125):
         return -1

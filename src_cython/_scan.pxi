@@ -277,7 +277,8 @@ cdef const unsigned char* scan_uint(const unsigned char* p, const unsigned char*
     if p[0] == 48 and p + 1 < end and _is_digit(p[1]):
         return NULL
     while p < end and _is_digit(p[0]):
-        value = value * 10 + (p[0] - 48)
+        if digits < 18:  # 18 digits always fit; more are refused below, never accumulated
+            value = value * 10 + (p[0] - 48)
         digits += 1
         p += 1
     if digits > 18 or (p < end and (p[0] == 46 or p[0] == 101 or p[0] == 69)):

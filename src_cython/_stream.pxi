@@ -242,7 +242,7 @@ cdef int _bytearray_extend(bytearray data, bytes more) except -1:
     return 0
 
 
-cdef Py_ssize_t _expected_bytes(const char* buf, Py_ssize_t n, object expert_shape) noexcept:
+cdef Py_ssize_t _expected_bytes(const char* buf, Py_ssize_t n, object expert_shape) except -1:
     """The decoded routed-experts size, from the prompt_tokens and completion_tokens that SGLang
     writes before it, or 0 when unknown: the Block then grows as it goes."""
     cdef Py_ssize_t at, prompt, completion
@@ -254,9 +254,8 @@ cdef Py_ssize_t _expected_bytes(const char* buf, Py_ssize_t n, object expert_sha
     completion = read_uint_at(buf, n, at + 20) if at >= 0 else -1
     if prompt < 0 or completion < 0 or prompt + completion < 1:
         return 0
-    if prompt + completion > (1 << 32):  # a hostile count: do not map it up front
-        return 0
-    return (prompt + completion - 1) * <Py_ssize_t>expert_shape[0] * <Py_ssize_t>expert_shape[1] * 4
+    size = (prompt + completion - 1) * expert_shape[0] * expert_shape[1] * 4  # Python ints: no overflow
+    return size if size <= (1 << 32) else 0  # larger (or hostile) sizes grow as they arrive
 
 
 def _stream_after_bytes(n=None):

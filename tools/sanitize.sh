@@ -70,8 +70,9 @@ if [ "$RUN_ASAN" = 1 ]; then
     ASAN_ENV=(
         LD_PRELOAD="$LIBASAN"
         PYTHONMALLOC=malloc  # every object is a malloc block ASan can see, not a pymalloc arena slot
-        ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1"
-        UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+        # Reports go to files: pytest's output capture would swallow them when the process aborts.
+        ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1:log_path=$WORK/asan/report"
+        UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$WORK/asan/report"
     )
     check_import "$WORK/asan/lib" "${ASAN_ENV[@]}"
     log="$WORK/asan/pytest.log"
@@ -87,6 +88,10 @@ if [ "$RUN_ASAN" = 1 ]; then
     rc=$?
     set -e
     tail -3 "$log"
+    if compgen -G "$WORK/asan/report.*" >/dev/null; then
+        cat "$WORK"/asan/report.* >>"$log"
+        head -40 "$WORK"/asan/report.*
+    fi
     if [ $rc -ne 0 ] || grep -q -E "ERROR: AddressSanitizer|runtime error:" "$log"; then
         echo "ASan/UBSan run FAILED (rc=$rc, log $log)"; grep -m5 -E "AddressSanitizer|runtime error" "$log" || true
         status=1
