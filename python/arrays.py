@@ -81,7 +81,12 @@ def decode_int32(
     """Decode one base64 int32 array, from its span in ``data`` or from the parsed str."""
     if span is None and not isinstance(value, str):
         raise bad_format(index, f"meta_info.{key} must be a base64 string, not {type_name(value)}")
-    source = memoryview(data)[span[0] : span[1]] if span is not None else value
+    source: str | memoryview
+    if span is not None:
+        source = memoryview(data)[span[0] : span[1]]
+    else:
+        assert isinstance(value, str)  # checked above
+        source = value
     try:
         raw = pybase64.b64decode_as_bytearray(source, validate=True)
     except ValueError:  # binascii.Error, or a str with non-ASCII characters

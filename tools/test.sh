@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test run, on a clean checkout: a fresh venv, the package built with its compiled core
-# required, the tests of both twins, the benchmarks once (so they cannot rot), one minute of
+# required, mypy over both packages, the tests of both twins, the benchmarks once (so they cannot rot), one minute of
 # fuzzing and the suite of the core under AddressSanitizer + UBSan. `.ci/run` runs exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +9,7 @@ python3 -m venv .venv
 .venv/bin/pip install --quiet --upgrade pip
 .venv/bin/pip install --quiet '.[test]'
 .venv/bin/python -P -c 'import fastaccum; assert fastaccum.IMPLEMENTATION == "cython"; print("fastaccum", fastaccum.__version__, fastaccum.IMPLEMENTATION)'
+.venv/bin/mypy fastaccum python
 .venv/bin/pytest
 .venv/bin/pytest benchmarks --benchmark-disable
 PYTHON="$PWD/.venv/bin/python" tests/fuzz/run_fuzz.sh 60
