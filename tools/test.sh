@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test run, on a clean checkout: a fresh venv, the package built with its compiled core
-# required, mypy over both packages, the tests of both twins, the benchmarks once (so they cannot rot), one minute of
+# required, mypy, the tests of both twins, the benchmarks once (so they cannot rot), a minute of
 # fuzzing and the suite of the core under AddressSanitizer + UBSan. `.ci/run` runs exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
