@@ -241,18 +241,11 @@ cdef class StreamAccumulator:
     cdef int _apply(self, bytearray data, Py_ssize_t index, bint counted, SpanScan scan) except -1:
         """Parse and validate one event completely, then commit it (nothing half-applied)."""
         cdef dict meta
-        cdef Py_ssize_t held, listed_n, total, new_n, start, lp_n = -1
-        cdef bint echo, has_logprobs, cumulative_fits, incremental_fits, fits
-        cdef const int32_t* listed
-        cdef const int32_t* new_ids = NULL
-        cdef const double* new_logprobs = NULL
-        cdef bint with_logprobs
+        cdef bint echo, has_logprobs
         cdef Int32Buffer out_ids = self._out_ids
         cdef Int32Buffer lp_ids = self._lp_ids
         cdef Float64Buffer lp_values = self._lp_values
-        cdef str mode, new_mode
         cdef Block routed_block = None
-
         cdef ScanResult scanned
         if FAST_SCAN and scan is None:
             if scan_event(data, out_ids, lp_ids, lp_values, self._ids.size if self._mode == "cumulative" else 0,
@@ -304,7 +297,7 @@ cdef class StreamAccumulator:
             read_id_list(index, "output_ids", obj["output_ids"], out_ids)
         has_logprobs = "output_token_logprobs" in meta
         if has_logprobs:
-            lp_n = read_logprob_list(index, meta["output_token_logprobs"], lp_ids, lp_values)
+            read_logprob_list(index, meta["output_token_logprobs"], lp_ids, lp_values)
         if self._has_logprobs is not None and has_logprobs != self._has_logprobs:
             what = "appeared" if has_logprobs else "disappeared"
             raise bad_format(index, f"output_token_logprobs {what} mid-stream")

@@ -12,7 +12,6 @@ from cpython.float cimport PyFloat_AS_DOUBLE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.object cimport PyObject
-from cpython.ref cimport Py_INCREF
 from libc.math cimport NAN
 from libc.stdint cimport int32_t, int64_t
 from libc.string cimport memchr, memcmp, memcpy
