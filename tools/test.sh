@@ -9,6 +9,7 @@ python3 -m venv .venv
 .venv/bin/pip install --quiet --upgrade pip
 .venv/bin/pip install --quiet '.[test]'
 .venv/bin/python -P -c 'import fastaccum; assert fastaccum.IMPLEMENTATION == "cython"; print("fastaccum", fastaccum.__version__, fastaccum.IMPLEMENTATION)'
+.venv/bin/fastaccum demo  # the README's first command, as a newcomer runs it
 .venv/bin/mypy fastaccum python
 .venv/bin/pytest
 .venv/bin/pytest benchmarks --benchmark-disable
