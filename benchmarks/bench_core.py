@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import metadata
@@ -196,23 +196,15 @@ class NaiveResult:
     events: int
 
 
-def naive_consume(
-    pieces: Iterable[bytes], *, mode: str, expert_shape: tuple[int, int] | None = None
-) -> NaiveResult:
-    """The consumer users write today: decode to str, split lines, json.loads per event, lists.
+def naive_events(pieces: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+    """The naive consumers' reading of the stream: every data event but [DONE], json.loads'd.
 
-    A careful version of it: UTF-8 decoded incrementally (a character may straddle pieces), lines
-    split on LF only (str.splitlines would break on U+2028 inside text), partial lines joined once,
-    null logprobs made NaN, the cumulative stream read from its last event. The base64 arrays go
-    through stdlib base64 and np.frombuffer.
+    A careful version of what users write: UTF-8 decoded incrementally (a character may straddle
+    pieces), lines split on LF only (str.splitlines would break on U+2028 inside text), partial
+    lines joined once.
     """
     decoder = codecs.getincrementaldecoder("utf-8")()
     partial: list[str] = []
-    ids: list[int] = []
-    logprobs: list[float] = []
-    texts: list[str] = []
-    last: dict[str, Any] | None = None
-    events = 0
     for piece in pieces:
         chunk = decoder.decode(piece)
         if "\n" not in chunk:
@@ -223,19 +215,34 @@ def naive_consume(
         lines[0] = "".join(partial)
         partial = [lines.pop()]
         for line in lines:
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if "error" in event:
-                raise RuntimeError(f"server error: {event['error']}")
-            events += 1
-            last = event
-            if mode == "incremental":
-                for logprob, token_id, _ in event["meta_info"]["output_token_logprobs"]:
-                    ids.append(token_id)
-                    logprobs.append(math.nan if logprob is None else logprob)
-                if "text" in event:
-                    texts.append(event["text"])
+            if line.startswith("data: ") and line != "data: [DONE]":
+                yield json.loads(line[6:])
+
+
+def naive_consume(
+    pieces: Iterable[bytes], *, mode: str, expert_shape: tuple[int, int] | None = None
+) -> NaiveResult:
+    """The consumer users write today: decode to str, split lines, json.loads per event, lists.
+
+    Events are read by ``naive_events``; null logprobs are made NaN, the cumulative stream is read
+    from its last event, and the base64 arrays go through stdlib base64 and np.frombuffer.
+    """
+    ids: list[int] = []
+    logprobs: list[float] = []
+    texts: list[str] = []
+    last: dict[str, Any] | None = None
+    events = 0
+    for event in naive_events(pieces):
+        if "error" in event:
+            raise RuntimeError(f"server error: {event['error']}")
+        events += 1
+        last = event
+        if mode == "incremental":
+            for logprob, token_id, _ in event["meta_info"]["output_token_logprobs"]:
+                ids.append(token_id)
+                logprobs.append(math.nan if logprob is None else logprob)
+            if "text" in event:
+                texts.append(event["text"])
     if last is None or last["meta_info"]["finish_reason"] is None:
         raise RuntimeError("stream ended before the terminal event")
     meta = last["meta_info"]

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import codecs
 import gc
 import json
 import math
@@ -69,9 +68,7 @@ def rebuild_consume(pieces: Iterable[bytes], *, mode: str, prompt_tokens: int = 
     partial sample is always current. Parsing is as in ``core.naive_consume``; the rebuild is
     O(tokens so far) per event, O(N^2 / interval) per stream. The ``append_response_tokens``
     validation slime also runs per event is not modeled (it would only add to the cost)."""
-    decoder = codecs.getincrementaldecoder("utf-8")()
     base = list(range(prompt_tokens))
-    partial: list[str] = []
     call_ids: list[int] = []
     call_lps: list[float] = []
     texts: list[str] = []
@@ -79,31 +76,19 @@ def rebuild_consume(pieces: Iterable[bytes], *, mode: str, prompt_tokens: int = 
     sample_tokens: list[int] = []
     sample_lps: list[float] = []
     events = 0
-    for piece in pieces:
-        chunk = decoder.decode(piece)
-        if "\n" not in chunk:
-            partial.append(chunk)
-            continue
-        lines = chunk.split("\n")
-        partial.append(lines[0])
-        lines[0] = "".join(partial)
-        partial = [lines.pop()]
-        for line in lines:
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            events += 1
-            triples = event["meta_info"]["output_token_logprobs"]
-            if mode == "incremental":
-                call_ids.extend(t[1] for t in triples)
-                call_lps.extend(float("nan") if t[0] is None else t[0] for t in triples)
-                texts.append(event.get("text", ""))
-            else:
-                call_ids = [t[1] for t in triples]
-                call_lps = [float("nan") if t[0] is None else t[0] for t in triples]
-                text = event.get("text", text)
-            sample_tokens = base + call_ids  # the per-event rebuild
-            sample_lps = list(call_lps)
+    for event in core.naive_events(pieces):
+        events += 1
+        triples = event["meta_info"]["output_token_logprobs"]
+        if mode == "incremental":
+            call_ids.extend(t[1] for t in triples)
+            call_lps.extend(float("nan") if t[0] is None else t[0] for t in triples)
+            texts.append(event.get("text", ""))
+        else:
+            call_ids = [t[1] for t in triples]
+            call_lps = [float("nan") if t[0] is None else t[0] for t in triples]
+            text = event.get("text", text)
+        sample_tokens = base + call_ids  # the per-event rebuild
+        sample_lps = list(call_lps)
     if mode == "incremental":
         text = "".join(texts)
     has_text = "text" in event
