@@ -132,18 +132,27 @@ cdef str _LOGPROBS = "meta_info.output_token_logprobs"
 cdef int64_t _TOKEN_ID_LIMIT = 2147483648
 
 
-cdef int check_token_id(Py_ssize_t index, str where, PyObject* token, int32_t* out) except -1:
+cdef inline bint _token_id(PyObject* token, int32_t* out) noexcept:
+    """The common case, without building a message: an exact int in [0, 2**31)."""
     cdef long long value
     if not PyLong_CheckExact(token):
-        raise bad_format(index, f"{where} must be a token id, not {type_name(<object>token)}")
+        return False
     value = PyLong_AsLongLong(<object>token)
     if value == -1 and PyErr_Occurred():
         PyErr_Clear()  # beyond int64: out of range like any other large id
-        value = -1
+        return False
     if value < 0 or value >= _TOKEN_ID_LIMIT:
-        raise bad_format(index, f"{where} = {<object>token} is not a token id in [0, 2**31)")
+        return False
     out[0] = <int32_t>value
-    return 0
+    return True
+
+
+cdef int check_token_id(Py_ssize_t index, str where, PyObject* token, int32_t* out) except -1:
+    if _token_id(token, out):
+        return 0
+    if not PyLong_CheckExact(token):
+        raise bad_format(index, f"{where} must be a token id, not {type_name(<object>token)}")
+    raise bad_format(index, f"{where} = {<object>token} is not a token id in [0, 2**31)")
 
 
 cdef int read_id_list(Py_ssize_t index, str where, object value, Int32Buffer out) except -1:
@@ -159,22 +168,9 @@ cdef int read_id_list(Py_ssize_t index, str where, object value, Int32Buffer out
     dst = out._data
     for i in range(n):
         item = PyList_GET_ITEM(value, i)
-        if not PyLong_CheckExact(item):
-            raise bad_format(index, f"{where}[{i}] must be a token id, not {type_name(<object>item)}")
-        _check_id_at(index, where, i, item, dst + i)
+        if not _token_id(item, dst + i):
+            check_token_id(index, f"{where}[{i}]", item, dst + i)  # raises the exact error
     out.size = n
-    return 0
-
-
-cdef inline int _check_id_at(Py_ssize_t index, str where, Py_ssize_t i, PyObject* item,
-                             int32_t* out) except -1:
-    cdef long long value = PyLong_AsLongLong(<object>item)
-    if value == -1 and PyErr_Occurred():
-        PyErr_Clear()
-        value = -1
-    if value < 0 or value >= _TOKEN_ID_LIMIT:
-        check_token_id(index, f"{where}[{i}]", item, out)  # builds the exact message
-    out[0] = <int32_t>value
     return 0
 
 
@@ -185,6 +181,7 @@ cdef Py_ssize_t read_logprob_list(Py_ssize_t index, object value, Int32Buffer id
     cdef Py_ssize_t i, n, width
     cdef PyObject* entry
     cdef PyObject* logprob
+    cdef PyObject* token
     cdef PyObject* text
     cdef int32_t* id_out
     cdef double* lp_out
@@ -215,7 +212,9 @@ cdef Py_ssize_t read_logprob_list(Py_ssize_t index, object value, Int32Buffer id
             raise bad_format(
                 index, f"{_LOGPROBS}[{i}][0] must be a number or null, not {type_name(<object>logprob)}"
             )
-        check_logprob_id(index, i, PyList_GET_ITEM(<object>entry, 1), id_out + i)
+        token = PyList_GET_ITEM(<object>entry, 1)
+        if not _token_id(token, id_out + i):
+            check_token_id(index, f"{_LOGPROBS}[{i}][1]", token, id_out + i)  # raises the exact error
         if width == 3:
             text = PyList_GET_ITEM(<object>entry, 2)
             if text != Py_None and not PyUnicode_CheckExact(text):
@@ -225,20 +224,6 @@ cdef Py_ssize_t read_logprob_list(Py_ssize_t index, object value, Int32Buffer id
     ids.size = n
     logprobs.size = n
     return n
-
-
-cdef inline int check_logprob_id(Py_ssize_t index, Py_ssize_t i, PyObject* token,
-                                 int32_t* out) except -1:
-    cdef long long value
-    if PyLong_CheckExact(token):
-        value = PyLong_AsLongLong(<object>token)
-        if value == -1 and PyErr_Occurred():
-            PyErr_Clear()
-            value = -1
-        if 0 <= value < _TOKEN_ID_LIMIT:
-            out[0] = <int32_t>value
-            return 0
-    return check_token_id(index, f"{_LOGPROBS}[{i}][1]", token, out)  # raises the exact error
 
 
 cdef object read_count(Py_ssize_t index, dict meta, str key):
