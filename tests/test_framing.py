@@ -43,23 +43,6 @@ def _run(impl: ModuleType, pieces, **kwargs):
     return acc.finish()
 
 
-def assert_same_result(a, b) -> None:
-    """Two results are identical in every field (arrays byte for byte)."""
-    assert a.mode == b.mode
-    assert a.token_ids.dtype == b.token_ids.dtype and a.token_ids.tobytes() == b.token_ids.tobytes()
-    for name in ("logprobs", "top_p_token_ids", "top_p_token_offsets", "routed_experts"):
-        x, y = getattr(a, name), getattr(b, name)
-        assert (x is None) == (y is None), name
-        if x is not None:
-            assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes(), name
-    assert a.text == b.text
-    assert a.finish_reason == b.finish_reason
-    assert a.meta_info == b.meta_info
-    assert a.completion_tokens == b.completion_tokens
-    assert a.events == b.events
-    assert a.aborted == b.aborted
-
-
 def _assert_is_generation(result, gen, n: int) -> None:
     assert result.token_ids.tolist() == list(gen.token_ids[:n])
     expected = np.array([np.nan if x is None else x for x in gen.logprobs[:n]], dtype=np.float64)
@@ -79,16 +62,16 @@ def test_reference_stream_in_one_piece_is_the_generation(impl: ModuleType) -> No
 
 @pytest.mark.parametrize("eol", [b"\n", b"\r", b"\r\n"], ids=["LF", "CR", "CRLF"])
 @pytest.mark.parametrize("opts", [INC, CUM], ids=["incremental", "cumulative"])
-def test_lines_end_at_lf_cr_or_crlf(impl: ModuleType, eol: bytes, opts: WireOptions) -> None:
+def test_lines_end_at_lf_cr_or_crlf(impl: ModuleType, outcomes, eol: bytes, opts: WireOptions) -> None:
     body = _body(opts=opts)
     reference = _run(impl, [body])
     # SGLang's JSON never holds a raw LF, so every LF in the body is a line end.
     converted = body.replace(b"\n", eol)
-    assert_same_result(_run(impl, [converted]), reference)
-    assert_same_result(_run(impl, split_pieces(converted, [1])), reference)
+    outcomes.assert_same_result(_run(impl, [converted]), reference)
+    outcomes.assert_same_result(_run(impl, split_pieces(converted, [1])), reference)
 
 
-def test_mixed_line_ends_in_one_stream(impl: ModuleType) -> None:
+def test_mixed_line_ends_in_one_stream(impl: ModuleType, outcomes) -> None:
     body = _body()
     reference = _run(impl, [body])
     # Every (line end, blank line end) pair except CR then LF, which would be one CRLF line end.
@@ -96,11 +79,11 @@ def test_mixed_line_ends_in_one_stream(impl: ModuleType) -> None:
              (b"\n", b"\r\n"), (b"\r", b"\r\n"), (b"\r\n", b"\r")]
     blocks = body.split(b"\n\n")[:-1]
     mixed = b"".join(block + pairs[i % 8][0] + pairs[i % 8][1] for i, block in enumerate(blocks))
-    assert_same_result(_run(impl, [mixed]), reference)
-    assert_same_result(_run(impl, split_pieces(mixed, [1, 2, 3])), reference)
+    outcomes.assert_same_result(_run(impl, [mixed]), reference)
+    outcomes.assert_same_result(_run(impl, split_pieces(mixed, [1, 2, 3])), reference)
 
 
-def test_crlf_split_across_pieces_is_one_line_end(impl: ModuleType) -> None:
+def test_crlf_split_across_pieces_is_one_line_end(impl: ModuleType, outcomes) -> None:
     crlf = _body().replace(b"\n", b"\r\n")
     reference = _run(impl, [crlf])
     # Cut right after every CR, so each LF starts the next piece; empty pieces in between too.
@@ -113,7 +96,7 @@ def test_crlf_split_across_pieces_is_one_line_end(impl: ModuleType) -> None:
     pieces.append(crlf[start:])
     assert b"".join(pieces) == crlf
     assert any(p.endswith(b"\r") for p in pieces)
-    assert_same_result(_run(impl, pieces), reference)
+    outcomes.assert_same_result(_run(impl, pieces), reference)
 
 
 def test_crlf_split_is_not_a_blank_line(impl: ModuleType) -> None:
@@ -133,11 +116,11 @@ def test_crlf_split_is_not_a_blank_line(impl: ModuleType) -> None:
     _assert_is_generation(acc.finish(), gen, 1)
 
 
-def test_cr_cr_is_a_blank_line_across_pieces(impl: ModuleType) -> None:
+def test_cr_cr_is_a_blank_line_across_pieces(impl: ModuleType, outcomes) -> None:
     body = _body().replace(b"\n", b"\r")
     reference = _run(impl, [body])
     pieces = [p + b"\r" for p in body.split(b"\r")[:-1]]
-    assert_same_result(_run(impl, pieces), reference)
+    outcomes.assert_same_result(_run(impl, pieces), reference)
 
 
 @pytest.mark.parametrize(
@@ -145,13 +128,13 @@ def test_cr_cr_is_a_blank_line_across_pieces(impl: ModuleType) -> None:
     ["\u2028", "\u2029", "\x85", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e"],
     ids=["U+2028", "U+2029", "U+0085", "VT", "FF", "FS", "GS", "RS"],
 )
-def test_unicode_and_control_separators_are_data(impl: ModuleType, char: str) -> None:
+def test_unicode_and_control_separators_are_data(impl: ModuleType, outcomes, char: str) -> None:
     # Inside a comment: if the character ended the line, the garbage after it would be a data line.
     comment = (": ping" + char + "data: garbage\n\n").encode()
     body = comment + _body()
     reference = _run(impl, [_body()])
-    assert_same_result(_run(impl, [body]), reference)
-    assert_same_result(_run(impl, split_pieces(body, [1])), reference)
+    outcomes.assert_same_result(_run(impl, [body]), reference)
+    outcomes.assert_same_result(_run(impl, split_pieces(body, [1])), reference)
 
 
 @pytest.mark.parametrize("char", ["\u2028", "\u2029", "\x85"], ids=["U+2028", "U+2029", "U+0085"])
@@ -170,24 +153,24 @@ def test_raw_unicode_separators_inside_text_survive_any_split(impl: ModuleType, 
 # ---- data lines -----------------------------------------------------------------------------
 
 
-def test_data_without_space(impl: ModuleType) -> None:
+def test_data_without_space(impl: ModuleType, outcomes) -> None:
     body = _body()
     reference = _run(impl, [body])
-    assert_same_result(_run(impl, [body.replace(b"data: ", b"data:")]), reference)
+    outcomes.assert_same_result(_run(impl, [body.replace(b"data: ", b"data:")]), reference)
 
 
-def test_only_one_space_after_the_colon_is_dropped(impl: ModuleType) -> None:
+def test_only_one_space_after_the_colon_is_dropped(impl: ModuleType, outcomes) -> None:
     body = _body()
     reference = _run(impl, [body])
     # A second space stays in the value; JSON ignores leading whitespace, so the events still parse.
     events_only = body[: -len(DONE)]
-    assert_same_result(_run(impl, [events_only.replace(b"data: ", b"data:  ") + DONE]), reference)
+    outcomes.assert_same_result(_run(impl, [events_only.replace(b"data: ", b"data:  ") + DONE]), reference)
     # But "[DONE]" with a leading space is not [DONE]: a data event after the terminal event.
     with pytest.raises(StreamFormatError):
         _run(impl, [events_only + b"data:  [DONE]\n\n"])
 
 
-def test_multi_line_data_joins_with_lf(impl: ModuleType) -> None:
+def test_multi_line_data_joins_with_lf(impl: ModuleType, outcomes) -> None:
     gen = _gen(3)
     events = list(stream_events(gen, INC))
     out = b""
@@ -199,8 +182,8 @@ def test_multi_line_data_joins_with_lf(impl: ModuleType) -> None:
     out += DONE
     assert out.count(b"\ndata: ") > len(events) * 2
     reference = _run(impl, [stream_bytes(events)])
-    assert_same_result(_run(impl, [out]), reference)
-    assert_same_result(_run(impl, split_pieces(out, [1, 5])), reference)
+    outcomes.assert_same_result(_run(impl, [out]), reference)
+    outcomes.assert_same_result(_run(impl, split_pieces(out, [1, 5])), reference)
 
 
 def test_multi_line_join_is_lf_not_nothing(impl: ModuleType) -> None:
@@ -251,15 +234,15 @@ IGNORED_LINES = [
 
 
 @pytest.mark.parametrize("line", IGNORED_LINES, ids=[x.decode() or "empty" for x in IGNORED_LINES])
-def test_comments_and_other_fields_are_ignored(impl: ModuleType, line: bytes) -> None:
+def test_comments_and_other_fields_are_ignored(impl: ModuleType, outcomes, line: bytes) -> None:
     body = _body()
     reference = _run(impl, [body])
     # Before every data line and as a block of its own (a blank line after it dispatches nothing).
     sprinkled = body.replace(b"data: ", line + b"\ndata: ")
-    assert_same_result(_run(impl, [sprinkled]), reference)
+    outcomes.assert_same_result(_run(impl, [sprinkled]), reference)
     blocks = line + b"\n\n" + body.replace(b"\n\n", b"\n\n" + line + b"\n\n")
-    assert_same_result(_run(impl, [blocks]), reference)
-    assert_same_result(_run(impl, split_pieces(blocks, [1, 7])), reference)
+    outcomes.assert_same_result(_run(impl, [blocks]), reference)
+    outcomes.assert_same_result(_run(impl, split_pieces(blocks, [1, 7])), reference)
 
 
 def test_blank_lines_without_data_dispatch_nothing(impl: ModuleType) -> None:
@@ -280,13 +263,13 @@ def test_ignored_lines_are_never_buffered(impl: ModuleType) -> None:
     _assert_is_generation(result, gen, 2)
 
 
-def test_bom_at_start_is_ignored(impl: ModuleType) -> None:
+def test_bom_at_start_is_ignored(impl: ModuleType, outcomes) -> None:
     body = _body()
     reference = _run(impl, [body])
     with_bom = b"\xef\xbb\xbf" + body
-    assert_same_result(_run(impl, [with_bom]), reference)
-    assert_same_result(_run(impl, split_pieces(with_bom, [1])), reference)
-    assert_same_result(_run(impl, [with_bom.replace(b"\n", b"\r\n")]), reference)
+    outcomes.assert_same_result(_run(impl, [with_bom]), reference)
+    outcomes.assert_same_result(_run(impl, split_pieces(with_bom, [1])), reference)
+    outcomes.assert_same_result(_run(impl, [with_bom.replace(b"\n", b"\r\n")]), reference)
 
 
 def test_bom_elsewhere_is_not_ignored(impl: ModuleType) -> None:
@@ -314,22 +297,22 @@ def test_no_line_length_cap(impl: ModuleType) -> None:
 # ---- splits ---------------------------------------------------------------------------------
 
 
-def test_every_two_piece_split_gives_the_same_result(impl: ModuleType) -> None:
+def test_every_two_piece_split_gives_the_same_result(impl: ModuleType, outcomes) -> None:
     body = _body(3).replace(b"\n", b"\r\n")
     reference = _run(impl, [body])
     for cut in range(len(body) + 1):
-        assert_same_result(_run(impl, [body[:cut], body[cut:]]), reference)
+        outcomes.assert_same_result(_run(impl, [body[:cut], body[cut:]]), reference)
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_random_splits_from_one_byte_to_64k(impl: ModuleType, seed: int) -> None:
+def test_random_splits_from_one_byte_to_64k(impl: ModuleType, outcomes, seed: int) -> None:
     rng = random.Random(seed)
     gen = synthetic_generation("split", 400, seed=seed, top_p=True, expert_shape=(8, 4))
     opts = CUM if seed % 2 else INC
     body = stream_bytes(stream_events(gen, opts, interval=20))
     reference = _run(impl, [body], expert_shape=(8, 4))
     sizes = [int(2 ** rng.uniform(0, 16)) for _ in range(64)]
-    assert_same_result(_run(impl, split_pieces(body, sizes), expert_shape=(8, 4)), reference)
+    outcomes.assert_same_result(_run(impl, split_pieces(body, sizes), expert_shape=(8, 4)), reference)
 
 
 # ---- feed() count and event indices ---------------------------------------------------------

@@ -31,34 +31,11 @@ def cy() -> Iterator[object]:
     cy._fast_scan(old)
 
 
-def _run(cy, data: bytes, fast: bool, **kwargs):
-    cy._fast_scan(fast)
-    acc = cy.StreamAccumulator(**kwargs)
-    try:
-        acc.feed(data)
-        return ("ok", acc.finish()), acc.snapshot()
-    except Exception as exc:
-        return ("error", type(exc), str(exc)), acc.snapshot()
-
-
-def _same(a, b) -> None:
-    assert a.mode == b.mode and a.text == b.text and a.events == b.events
-    assert a.finish_reason == b.finish_reason and a.meta_info == b.meta_info
-    for name in ("token_ids", "logprobs", "top_p_token_ids", "top_p_token_offsets", "routed_experts"):
-        x, y = getattr(a, name), getattr(b, name)
-        assert (x is None) == (y is None), name
-        if x is not None:
-            assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes(), name
-
-
-def _agree(cy, data: bytes, **kwargs) -> None:
-    (fast, fast_snap), (slow, slow_snap) = _run(cy, data, True, **kwargs), _run(cy, data, False, **kwargs)
-    assert fast[0] == slow[0], (fast, slow)
-    if fast[0] == "ok":
-        _same(fast[1], slow[1])
-    else:
-        assert fast[1:] == slow[1:]
-    _same(fast_snap, slow_snap)
+def _agree(cy, outcomes, data: bytes, **kwargs) -> None:
+    cy._fast_scan(True)
+    fast = outcomes.run(cy, [data], **kwargs)
+    cy._fast_scan(False)
+    outcomes.assert_same(fast, outcomes.run(cy, [data], **kwargs))
 
 
 def _event(numbers: list[bytes], ids: list[int] | None = None, total: int = 0) -> bytes:
@@ -99,13 +76,13 @@ def _number_spellings(rng: random.Random) -> Iterator[bytes]:
     )
 
 
-def test_numbers_parse_bit_identically_to_orjson(cy) -> None:
+def test_numbers_parse_bit_identically_to_orjson(cy, outcomes) -> None:
     rng = random.Random(11)
     spellings = list(_number_spellings(rng))
     chunks = [spellings[i : i + 50] for i in range(0, len(spellings) - 30, 50)] + [[n] for n in spellings[-30:]]
     scanned = 0
     for chunk in chunks:
-        _agree(cy, _event(chunk) + b"data: [DONE]\n\n", mode="incremental")
+        _agree(cy, outcomes, _event(chunk) + b"data: [DONE]\n\n", mode="incremental")
         # The values also equal orjson's own reading, bit for bit.
         cy._fast_scan(True)
         cy._scanned_events()
@@ -129,8 +106,8 @@ def test_numbers_parse_bit_identically_to_orjson(cy) -> None:
         b"0x10", b"1_000", b"--1", b"1.5.5", b"true", b'"1"', b"[1]", b"1 ", b" 1",
     ],
 )
-def test_numbers_the_scanner_refuses_go_to_orjson(cy, bad: bytes) -> None:
-    _agree(cy, _event([b"-0.5", bad, b"-0.25"]) + b"data: [DONE]\n\n", mode="incremental")
+def test_numbers_the_scanner_refuses_go_to_orjson(cy, outcomes, bad: bytes) -> None:
+    _agree(cy, outcomes, _event([b"-0.5", bad, b"-0.25"]) + b"data: [DONE]\n\n", mode="incremental")
 
 
 # The third element of a logprob triple: null, or the token's text.
@@ -174,7 +151,7 @@ EDITS = [
 
 
 @pytest.mark.parametrize("edit", range(len(EDITS)))
-def test_unusual_events_match_the_orjson_path(cy, edit: int) -> None:
+def test_unusual_events_match_the_orjson_path(cy, outcomes, edit: int) -> None:
     rng = random.Random(edit)
     gen = synthetic_generation("scan", 9, null_logprob_every=4)
     for incremental in (True, False):
@@ -187,12 +164,12 @@ def test_unusual_events_match_the_orjson_path(cy, edit: int) -> None:
         events[k] = edited
         data = b"".join(events)
         for mode in ("auto", "incremental" if incremental else "cumulative"):
-            _agree(cy, data, mode=mode)
+            _agree(cy, outcomes, data, mode=mode)
 
 
 @pytest.mark.parametrize("incremental", [True, False])
 @pytest.mark.parametrize("interval", [1, 20, 64])
-def test_streams_match_the_orjson_path(cy, incremental: bool, interval: int) -> None:
+def test_streams_match_the_orjson_path(cy, outcomes, incremental: bool, interval: int) -> None:
     rng = random.Random(interval)
     for trial in range(5):
         gen = synthetic_generation(f"eq{trial}", rng.choice([1, 50, 300]), top_p=rng.random() < 0.3,
@@ -207,4 +184,4 @@ def test_streams_match_the_orjson_path(cy, incremental: bool, interval: int) -> 
             assert cy._scanned_events() > 0 or len(gen.token_ids) == 1
             cy._fast_scan(False)
             slow = cy.accumulate(split_pieces(data, [piece]))
-            _same(fast, slow)
+            outcomes.assert_same_result(fast, slow)

@@ -27,38 +27,12 @@ def streaming(request: pytest.FixtureRequest) -> Iterator[int]:
     cy._stream_after_bytes(old)
 
 
-def _outcome(module, pieces, **kwargs):
-    acc = module.StreamAccumulator(**kwargs)
-    try:
-        for piece in pieces:
-            acc.feed(piece)
-        return ("ok", acc.finish()), acc.snapshot()
-    except Exception as exc:  # compared by class and message
-        return ("error", type(exc), str(exc)), acc.snapshot()
-
-
-def _same_result(a, b) -> None:
-    assert a.mode == b.mode and a.text == b.text and a.events == b.events
-    assert a.finish_reason == b.finish_reason and a.meta_info == b.meta_info
-    for name in ("token_ids", "logprobs", "top_p_token_ids", "top_p_token_offsets", "routed_experts"):
-        x, y = getattr(a, name), getattr(b, name)
-        assert (x is None) == (y is None), name
-        if x is not None:
-            assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes(), name
-
-
-def _assert_twins_agree(data: bytes, sizes: list[int], **kwargs) -> None:
+def _assert_twins_agree(outcomes, data: bytes, sizes: list[int], **kwargs) -> None:
     import fastaccum._cy as cy
     import fastaccum._py as py
 
     pieces = split_pieces(data, sizes)
-    (cy_out, cy_snap), (py_out, py_snap) = _outcome(cy, pieces, **kwargs), _outcome(py, pieces, **kwargs)
-    assert cy_out[0] == py_out[0], (cy_out, py_out)
-    if cy_out[0] == "ok":
-        _same_result(cy_out[1], py_out[1])
-    else:
-        assert cy_out[1:] == py_out[1:]
-    _same_result(cy_snap, py_snap)
+    outcomes.assert_same(outcomes.run(cy, pieces, **kwargs), outcomes.run(py, pieces, **kwargs))
 
 
 def _stream(rng: random.Random, n: int, incremental: bool, top_p: bool) -> bytes:
@@ -86,7 +60,7 @@ MUTATIONS = [
 
 
 @pytest.mark.parametrize("mutation", range(len(MUTATIONS)))
-def test_streamed_value_matches_the_pure_twin(streaming: int, mutation: int) -> None:
+def test_streamed_value_matches_the_pure_twin(streaming: int, outcomes, mutation: int) -> None:
     rng = random.Random(mutation * 1000 + streaming)
     for trial in range(6):
         data = _stream(rng, rng.choice([1, 5, 30]), rng.random() < 0.5, rng.random() < 0.5)
@@ -100,7 +74,7 @@ def test_streamed_value_matches_the_pure_twin(streaming: int, mutation: int) -> 
             mutated = data[:start] + value + data[end:]
         sizes = [rng.choice([1, 2, 3, 5, 64, 1000, 65536]) for _ in range(4)]
         for shape in (None, (3, 2)):
-            _assert_twins_agree(mutated, sizes, expert_shape=shape)
+            _assert_twins_agree(outcomes, mutated, sizes, expert_shape=shape)
 
 
 @pytest.mark.parametrize(
@@ -116,21 +90,21 @@ def test_streamed_value_matches_the_pure_twin(streaming: int, mutation: int) -> 
         lambda d: d.replace(b'"dp_rank"', b'\n: ping\ndata: "dp_rank"', 1),
     ],
 )
-def test_unusual_event_shapes_fall_back(streaming: int, edit) -> None:
+def test_unusual_event_shapes_fall_back(streaming: int, outcomes, edit) -> None:
     rng = random.Random(7)
     for trial in range(4):
         data = _stream(rng, 12, trial % 2 == 0, trial >= 2)
         for sizes in ([1], [7, 3], [65536]):
-            _assert_twins_agree(edit(data), sizes, expert_shape=None)
+            _assert_twins_agree(outcomes, edit(data), sizes, expert_shape=None)
 
 
-def test_max_event_bytes_counts_streamed_characters(streaming: int) -> None:
+def test_max_event_bytes_counts_streamed_characters(streaming: int, outcomes) -> None:
     rng = random.Random(3)
     data = _stream(rng, 30, True, False)
     terminal = max(len(line) for line in data.split(b"\n"))
     for limit in (terminal - 7, terminal - 6, terminal - 5, terminal + 100):
         for sizes in ([1], [13], [65536]):
-            _assert_twins_agree(data, sizes, expert_shape=(3, 2), max_event_bytes=limit)
+            _assert_twins_agree(outcomes, data, sizes, expert_shape=(3, 2), max_event_bytes=limit)
 
 
 def test_streamed_array_is_writable_and_owned(streaming: int) -> None:
