@@ -13,7 +13,7 @@ from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.object cimport PyObject
 from libc.math cimport NAN
-from libc.stdint cimport int32_t, int64_t
+from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.string cimport memchr, memcmp, memcpy
 
 from _bytes cimport find_bytes, find_line_end, rfind_bytes

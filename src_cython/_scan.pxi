@@ -12,60 +12,133 @@ from libc.math cimport isinf, isnan
 
 cdef extern from *:
     """
-    #include <float.h>
-    /* x87 extended precision: a 64-bit significand holds any 19-digit integer exactly. */
-    #if defined(__x86_64__) && LDBL_MANT_DIG == 64
-    #define FA_X87 1
+    #include <stdint.h>
+    /* Eight input bytes as one little-endian word, so that byte 0 (the first character) is the
+       least significant; the digit tricks below assume it. Big-endian builds read byte by byte. */
+    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    #define FA_SWAR 1
     #else
-    #define FA_X87 0
+    #define FA_SWAR 0
     #endif
+    static inline uint64_t fa_load8(const unsigned char *p) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        return v;
+    }
+    /* How many of the eight bytes in v, from the first, are ASCII digits (0..8). A byte is a digit
+       when its high nibble is 3 and adding 6 keeps it there; the carry out of a byte >= 0xFA can
+       only reach bytes after the first non-digit, which are not counted. */
+    static inline int fa_digit_run(uint64_t v) {
+        uint64_t bad = ((v & 0xF0F0F0F0F0F0F0F0ULL) ^ 0x3030303030303030ULL)
+                     | (((v + 0x0606060606060606ULL) & 0xF0F0F0F0F0F0F0F0ULL) ^ 0x3030303030303030ULL);
+        return bad ? __builtin_ctzll(bad) >> 3 : 8;
+    }
+    /* The value of the first n (1..8) digits in v: shifted to the top so the dropped bytes become
+       leading zeros, then pairs, quads and the whole summed in three multiplications. */
+    static inline uint64_t fa_digits_value(uint64_t v, int n) {
+        v = (v & 0x0F0F0F0F0F0F0F0FULL) << (8 * (8 - n));
+        v = (v * 2561) >> 8;
+        v = ((v & 0x00FF00FF00FF00FFULL) * 6553601) >> 16;
+        return ((v & 0x0000FFFF0000FFFFULL) * 42949672960001ULL) >> 32;
+    }
+    /* Index (0..8) of the first byte in v that a plain string cannot hold as is: a quote, a
+       backslash, a control character or a non-ASCII byte. Each has-zero test below can flag
+       false bytes only above its first true one, so the lowest flag is exact. */
+    static inline int fa_string_stop(uint64_t v) {
+        const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+        uint64_t quote = v ^ (ones * 0x22), backslash = v ^ (ones * 0x5C);
+        uint64_t special = (((quote - ones) & ~quote) | ((backslash - ones) & ~backslash)
+                            | ((v - ones * 0x20) & ~v) | v) & highs;
+        return special ? __builtin_ctzll(special) >> 3 : 8;
+    }
+    static const uint64_t fa_pow10_u[9] = {1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000};
     static const double fa_pow10_d[23] = {
         1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
         1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
-    #if FA_X87
-    static const long double fa_pow10_l[28] = {
-        1e0L, 1e1L, 1e2L, 1e3L, 1e4L, 1e5L, 1e6L, 1e7L, 1e8L, 1e9L, 1e10L, 1e11L, 1e12L, 1e13L,
-        1e14L, 1e15L, 1e16L, 1e17L, 1e18L, 1e19L, 1e20L, 1e21L, 1e22L, 1e23L, 1e24L, 1e25L,
-        1e26L, 1e27L};
-    #endif
-    /* w * 10^e10 correctly rounded, or 0 with *ok = 0 when this cannot tell (the caller then
-       uses a correctly rounded parser). Clinger's exact case first; then one x87 operation whose
-       64-bit result is rounded to 53 bits unless its 11 dropped bits lie next to a halfway point. */
-    static double fa_scale(unsigned long long w, int e10, int *ok) {
-        *ok = 1;
-        if (w <= 9007199254740992ULL && e10 >= -22 && e10 <= 22) {
-            double d = (double)w;
-            return e10 < 0 ? d / fa_pow10_d[-e10] : d * fa_pow10_d[e10];
-        }
-    #if FA_X87
-        if (e10 >= -27 && e10 <= 27 && w != 0) {
-            long double r = (long double)w;
-            r = e10 < 0 ? r / fa_pow10_l[-e10] : r * fa_pow10_l[e10];
-            unsigned long long bits;
-            memcpy(&bits, &r, 8);          /* the explicit 64-bit significand */
-            unsigned low = (unsigned)(bits & 0x7FF);
-            if (low < 0x3FF || low > 0x401) return (double)r;
-        }
-    #endif
-        *ok = 0;
-        return 0.0;
+    /* 5**q for q in [FA_Q_MIN, FA_Q_MAX] as t * 2**-s with t the 64-bit significand truncated
+       (2**63 <= t < 2**64); filled once at import from exact integers (fa_set_pow5). */
+    #define FA_Q_MIN (-348)
+    #define FA_Q_MAX 308
+    static uint64_t fa_pow5_t[FA_Q_MAX - FA_Q_MIN + 1];
+    static int fa_pow5_s[FA_Q_MAX - FA_Q_MIN + 1];
+    static void fa_set_pow5(int q, uint64_t t, int s) {
+        fa_pow5_t[q - FA_Q_MIN] = t;
+        fa_pow5_s[q - FA_Q_MIN] = s;
     }
-    /* Eight ASCII digits at p (read as little-endian), or -1 when they are not all digits:
-       the usual SWAR reduction, pairs, then quads, then the whole. */
-    static long long fa_eight_digits(const unsigned char *p) {
-        unsigned long long v;
-        memcpy(&v, p, 8);
-        if ((((v & 0xF0F0F0F0F0F0F0F0ULL) | (((v + 0x0606060606060606ULL) & 0xF0F0F0F0F0F0F0F0ULL) >> 4))
-             != 0x3333333333333333ULL))
-            return -1;
-        v = ((v & 0x0F0F0F0F0F0F0F0FULL) * 2561) >> 8;
-        v = ((v & 0x00FF00FF00FF00FFULL) * 6553601) >> 16;
-        return (long long)(((v & 0x0000FFFF0000FFFFULL) * 42949672960001ULL) >> 32);
+    /* w * 10**q correctly rounded to a double, or 0 with *ok = 0 when this cannot tell (the
+       caller then uses a correctly rounded parser).
+       Clinger's exact case first. Otherwise, with w normalised (top bit set), the 128-bit product
+       A = w * t falls short of the exact X = w * 5**q * 2**s by less than 2**64 (t is truncated),
+       so only A's low 64 bits are uncertain. Rounding A's top 53 bits is then right unless the
+       bits below them lie within 2**64 under the halfway point, or exactly on it: those rare
+       cases are refused. */
+    static double fa_scale(uint64_t w, int q, int *ok) {
+        *ok = 1;
+        if (w <= 9007199254740992ULL && q >= -22 && q <= 22) {
+            double d = (double)w;
+            return q < 0 ? d / fa_pow10_d[-q] : d * fa_pow10_d[q];
+        }
+        if (w == 0)
+            return 0.0;
+        *ok = 0;
+        if (q < FA_Q_MIN || q > FA_Q_MAX)
+            return 0.0;
+        int lz = __builtin_clzll(w);
+        unsigned __int128 a = (unsigned __int128)(w << lz) * fa_pow5_t[q - FA_Q_MIN];
+        uint64_t hi = (uint64_t)(a >> 64), lo = (uint64_t)a;
+        int shift = (hi >> 63) ? 11 : 10;  /* bits of hi below the 53 kept */
+        uint64_t m = hi >> shift;
+        uint64_t dropped = hi & ((1ULL << shift) - 1), half = 1ULL << (shift - 1);
+        if (dropped == half - 1 || (dropped == half && lo == 0))
+            return 0.0;
+        if (dropped >= half) {
+            m += 1;
+            if (m >> 53) {
+                m >>= 1;
+                shift += 1;
+            }
+        }
+        /* value = m * 2**(shift + 64) * 2**(q - s - lz); m's top bit is bit 52 */
+        int biased = shift + 64 + q - fa_pow5_s[q - FA_Q_MIN] - lz + 52 + 1023;
+        if (biased < 1 || biased > 2046)
+            return 0.0;  /* subnormal or overflow: the slow path decides */
+        uint64_t bits = ((uint64_t)biased << 52) | (m & ((1ULL << 52) - 1));
+        double out;
+        memcpy(&out, &bits, 8);
+        *ok = 1;
+        return out;
     }
     """
-    double fa_scale(unsigned long long w, int e10, int* ok) nogil
-    long long fa_eight_digits(const unsigned char* p) nogil
+    int FA_SWAR
+    int FA_Q_MIN
+    int FA_Q_MAX
+    uint64_t fa_load8(const unsigned char* p) nogil
+    int fa_digit_run(uint64_t v) nogil
+    int fa_string_stop(uint64_t v) nogil
+    uint64_t fa_digits_value(uint64_t v, int n) nogil
+    const uint64_t* fa_pow10_u
+    void fa_set_pow5(int q, uint64_t t, int s) nogil
+    double fa_scale(uint64_t w, int e10, int* ok) nogil
     double PyOS_string_to_double(const char* s, char** endptr, PyObject* overflow_exception) except? -1.0
+
+
+cdef int _fill_pow5_table() except -1:
+    """5**q truncated to 64 significant bits, from exact integers (for fa_scale)."""
+    for q in range(<object>FA_Q_MIN, <object>FA_Q_MAX + 1):  # Python ints: 5**348 is exact
+        if q >= 0:
+            v = 5 ** q
+            s = 64 - v.bit_length()
+            t = v << s if s >= 0 else v >> -s
+        else:
+            d = 5 ** -q
+            s = 63 + d.bit_length()
+            t = (1 << s) // d
+        fa_set_pow5(q, t, s)
+    return 0
+
+
+_fill_pow5_table()
+
 
 cdef enum:
     SCAN_MAX_DEPTH = 64  # deeper values go to orjson (which has its own limit)
@@ -106,9 +179,18 @@ cdef const unsigned char* skip_string(const unsigned char* p, const unsigned cha
     no raw controls, escapes as JSON defines them but no \\u surrogates (orjson's business)."""
     cdef unsigned char c
     cdef unsigned int code
-    cdef int k, extra
+    cdef int k, extra, stop
     p += 1
     while p < end:
+        # Plain ASCII runs (keys, most text) eight bytes at a time; the byte loop below takes
+        # the byte that stopped the run.
+        while FA_SWAR and end - p >= 8:
+            stop = fa_string_stop(fa_load8(p))
+            p += stop
+            if stop < 8:
+                break
+        if p >= end:
+            return NULL
         c = p[0]
         if c == 34:
             return p + 1
@@ -175,8 +257,8 @@ cdef const unsigned char* scan_number(const unsigned char* p, const unsigned cha
     Ints convert as float(int) does (so -0 is +0.0); floats are correctly rounded."""
     cdef const unsigned char* start = p
     cdef unsigned long long w = 0
-    cdef int sig = 0, e10 = 0, exp_sign = 1, exp_value = 0, ok = 0, d
-    cdef long long eight
+    cdef int sig = 0, e10 = 0, exp_sign = 1, exp_value = 0, ok = 0, d, run
+    cdef uint64_t v
     cdef bint negative = False, is_float = False, truncated = False
     cdef double value = 0.0
     cdef char* stop
@@ -207,15 +289,19 @@ cdef const unsigned char* scan_number(const unsigned char* p, const unsigned cha
             while p < end and p[0] == 48:  # leading zeros only move the exponent
                 e10 -= 1
                 p += 1
-        # Eight digits at a time while they fit in the 19 significant digits kept.
-        while sig <= 11 and end - p >= 8:
-            eight = fa_eight_digits(p)
-            if eight < 0:
+        # Up to eight digits at a time while they fit in the 19 significant digits kept; the
+        # byte loop below takes the rest (and the last bytes of the buffer).
+        while FA_SWAR and end - p >= 8:
+            v = fa_load8(p)
+            run = fa_digit_run(v)
+            if run == 0 or sig + run > 19:
                 break
-            w = w * 100000000 + <unsigned long long>eight
-            sig += 8  # the first digit is not a leading zero (skipped above)
-            e10 -= 8
-            p += 8
+            w = w * fa_pow10_u[run] + fa_digits_value(v, run)
+            sig += run  # the first digit is not a leading zero (skipped above)
+            e10 -= run
+            p += run
+            if run < 8:
+                break
         while p < end and _is_digit(p[0]):
             d = p[0] - 48
             if w == 0 and d == 0:
@@ -272,6 +358,20 @@ cdef const unsigned char* scan_uint(const unsigned char* p, const unsigned char*
     """A plain non-negative JSON integer of at most 18 digits, or NULL."""
     cdef long long value = 0
     cdef int digits = 0
+    cdef uint64_t v
+    if FA_SWAR and end - p >= 8:
+        # Ids and counts are short: one load finds and converts them whole.
+        v = fa_load8(p)
+        digits = fa_digit_run(v)
+        if 0 < digits < 8:
+            if p[0] == 48 and digits > 1:
+                return NULL
+            p += digits
+            if p[0] == 46 or p[0] == 101 or p[0] == 69:
+                return NULL
+            out[0] = <long long>fa_digits_value(v, digits)
+            return p
+        digits = 0
     if p >= end or not _is_digit(p[0]):
         return NULL
     if p[0] == 48 and p + 1 < end and _is_digit(p[1]):

@@ -12,6 +12,7 @@ import random
 import re
 import struct
 from collections.abc import Iterator
+from decimal import Decimal, getcontext
 
 import numpy as np
 import orjson
@@ -97,6 +98,44 @@ def test_numbers_parse_bit_identically_to_orjson(cy, outcomes) -> None:
     # Most chunks took the scanner; the others hold an integer spelling above 2**53 (as '%.17g'
     # writes large doubles), whose float() rounding is left to the orjson path.
     assert scanned >= 0.9 * len(chunks)
+
+
+def _near_halfway(rng: random.Random) -> Iterator[bytes]:
+    """Decimals within a few units of the last digit of the midpoint between two doubles: the
+    spellings where a parser that rounds an approximation goes wrong unless it checks."""
+    getcontext().prec = 60
+    for _ in range(1500):
+        x = struct.unpack("<d", struct.pack("<Q", rng.getrandbits(63)))[0]
+        if not math.isfinite(x) or x == 0.0:
+            continue
+        mid = (Decimal(x) + Decimal(math.nextafter(x, math.inf))) / 2
+        digits = rng.randint(15, 19)
+        mantissa, exponent = f"{mid:.{digits - 1}e}".split("e")
+        for step in (-1, 0, 1):
+            near = Decimal(mantissa) + step * Decimal(10) ** -(digits - 1)
+            yield f"{near}e{exponent}".encode()
+
+
+def test_near_halfway_numbers_round_as_orjson_does(cy) -> None:
+    spellings = list(_near_halfway(random.Random(5)))
+    acc = cy.StreamAccumulator("incremental")
+    acc.feed(_event(spellings))
+    got = acc.snapshot().logprobs
+    want = np.array([orjson.loads(n) for n in spellings], dtype=np.float64)
+    assert got.tobytes() == want.tobytes(), [
+        (n, g, w) for n, g, w in zip(spellings, got, want) if struct.pack("<d", g) != struct.pack("<d", w)
+    ]
+
+
+@pytest.mark.parametrize("special", [b'\\"', b"\\n", b"\\u00e9", "\u00e9".encode(), b"\x01", b"\xff"])
+def test_a_special_byte_anywhere_in_a_string_is_seen(cy, outcomes, special: bytes) -> None:
+    # Plain runs are skipped eight bytes at a time: the special byte is put at every offset.
+    for offset in range(20):
+        text = b"a" * offset + special + b"b" * (19 - offset)
+        event = _event([b"-0.5"]).replace(b'"text":"x"', b'"text":"' + text + b'"').replace(
+            b'"id":"r"', b'"id":"' + text + b'"'
+        )
+        _agree(cy, outcomes, event + b"data: [DONE]\n\n", mode="incremental")
 
 
 @pytest.mark.parametrize(
