@@ -1,7 +1,12 @@
 # ---- accumulator ----------------------------------------------------------------------------
 # Mirrors fastaccum._py.accumulator; the rules are in docs/core.md.
 
-_MODES = ("auto", "cumulative", "incremental")
+# The modes are these three objects, compared by identity: an equality test of two str is a
+# function call in Cython, and the mode is tested several times per event.
+cdef str AUTO = "auto"
+cdef str CUMULATIVE = "cumulative"
+cdef str INCREMENTAL = "incremental"
+_MODES = (AUTO, CUMULATIVE, INCREMENTAL)
 # Cumulative events after this many full parses are only light-checked (docs/core.md).
 cdef Py_ssize_t _FULL_PARSES_BEFORE_LIGHT = 2
 # Token-aligned lists (sliced per event in incremental mode) and the decoded base64 arrays are
@@ -57,7 +62,7 @@ cdef class StreamAccumulator:
     cdef object _routed
     cdef dict _finish_reason
     cdef dict _meta
-    cdef tuple _lazy_meta  # (event bytes, start, end) of a scanned event's meta_info
+    cdef bytes _lazy_meta  # a scanned event's meta_info, parsed only when a result is built
     cdef Py_ssize_t _events  # JSON events applied or light-checked
     cdef Py_ssize_t _full_parses
     cdef Py_ssize_t _reported  # newest total the server reported
@@ -85,7 +90,7 @@ cdef class StreamAccumulator:
         if max_event_bytes is not None and (type(max_event_bytes) is not int or max_event_bytes < 0):
             raise ValueError(f"max_event_bytes must be a non-negative int or None, not {max_event_bytes!r}")
         self._framer = SseFramer(max_event_bytes, self)
-        self._mode = mode
+        self._mode = _MODES[_MODES.index(mode)]
         self._expert_shape = expert_shape
         self._ids = Int32Buffer()
         self._logprobs = Float64Buffer()
@@ -200,7 +205,7 @@ cdef class StreamAccumulator:
             return 0
         if self._finish_reason is not None:
             raise bad_format(index, "data after the terminal event")
-        if self._mode == "cumulative" and self._full_parses >= _FULL_PARSES_BEFORE_LIGHT:
+        if self._mode is CUMULATIVE and self._full_parses >= _FULL_PARSES_BEFORE_LIGHT:
             if self._light_check(data, index):
                 self._pending_scan = scan
                 return 0
@@ -210,6 +215,24 @@ cdef class StreamAccumulator:
             self._apply(self._pending, self._pending_index, True, self._pending_scan)
         self._apply(data, index, False, scan)
         return 0
+
+    cdef bint _event_in_place(self, const unsigned char* data, Py_ssize_t n, Py_ssize_t index) except -1:
+        """Apply an ordinary event straight from the caller's bytes, as _dispatch would apply a
+        copy of them; False (nothing done) when the event needs _dispatch's other routes."""
+        cdef ScanResult scanned
+        if (
+            not FAST_SCAN
+            or self._done
+            or self._finish_reason is not None
+            or self._pending is not None
+            or (self._mode is CUMULATIVE and self._full_parses >= _FULL_PARSES_BEFORE_LIGHT)
+        ):
+            return False
+        if not scan_event(data, n, self._out_ids, self._lp_ids, self._lp_values,
+                          self._ids.size if self._mode is CUMULATIVE else 0, &scanned):
+            return False
+        self._apply_scanned(index, False, &scanned)
+        return True
 
     cdef bint _light_check(self, bytearray data, Py_ssize_t index) except -1:
         """Accept a non-terminal cumulative event by its reported total alone (docs/core.md)."""
@@ -248,9 +271,9 @@ cdef class StreamAccumulator:
         cdef Block routed_block = None
         cdef ScanResult scanned
         if FAST_SCAN and scan is None:
-            if scan_event(data, out_ids, lp_ids, lp_values, self._ids.size if self._mode == "cumulative" else 0,
-                          &scanned):
-                return self._apply_scanned(data, index, counted, &scanned)
+            if scan_event(<const unsigned char*>PyByteArray_AS_STRING(data), PyByteArray_GET_SIZE(data), out_ids,
+                          lp_ids, lp_values, self._ids.size if self._mode is CUMULATIVE else 0, &scanned):
+                return self._apply_scanned(index, counted, &scanned)
         if scan is not None and not scan.off:
             scan.advance(data, None, True)  # finish the scan over the complete event
             if reappears(data, scan.spans):
@@ -313,21 +336,20 @@ cdef class StreamAccumulator:
         return self._commit(index, counted, data, spans, routed_block, meta, None, finish, echo,
                             has_output_ids, has_logprobs, completion, lp_length, prompt, text)
 
-    cdef int _apply_scanned(self, bytearray data, Py_ssize_t index, bint counted, ScanResult* r) except -1:
+    cdef int _apply_scanned(self, Py_ssize_t index, bint counted, ScanResult* r) except -1:
         """The rest of _apply for an event the scanner read (no finish_reason, no base64 arrays)."""
-        cdef Py_ssize_t at
         if self._has_logprobs is not None and r.has_logprobs != self._has_logprobs:
             what = "appeared" if r.has_logprobs else "disappeared"
             raise bad_format(index, f"output_token_logprobs {what} mid-stream")
         text = None
         if r.has_text and not r.text_null:
-            at = r.text - <const unsigned char*>PyByteArray_AS_STRING(data)
             if r.text_escaped:
-                text = _loads(memoryview(data)[at - 1 : at + r.text_len + 1])
+                text = _loads(PyBytes_FromStringAndSize(<const char*>r.text - 1, r.text_len + 2))
             else:
                 text = PyUnicode_DecodeUTF8(<const char*>r.text, r.text_len, NULL)
         return self._commit(
-            index, counted, data, None, None, None, (data, r.meta_start, r.meta_end), None, False,
+            index, counted, None, None, None, None,
+            PyBytes_FromStringAndSize(<const char*>r.meta, r.meta_len), None, False,
             r.has_output_ids, r.has_logprobs,
             r.completion if r.completion >= 0 else None,
             r.lp_length if r.lp_length >= 0 else None,
@@ -336,7 +358,7 @@ cdef class StreamAccumulator:
         )
 
     cdef int _commit(self, Py_ssize_t index, bint counted, bytearray data, dict spans, Block routed_block,
-                     dict meta, tuple lazy_meta, object finish, bint echo, bint has_output_ids,
+                     dict meta, bytes lazy_meta, object finish, bint echo, bint has_output_ids,
                      bint has_logprobs, object completion, object lp_length, object prompt,
                      object text) except -1:
         """Validate the event's lengths, text, top-p and routed experts, then commit it."""
@@ -389,17 +411,17 @@ cdef class StreamAccumulator:
             reported = reported_obj
             cumulative_fits = listed_n == reported and reported >= held
             incremental_fits = held + listed_n == reported
-            if mode == "cumulative":
+            if mode is CUMULATIVE:
                 fits = cumulative_fits
-            elif mode == "incremental":
+            elif mode is INCREMENTAL:
                 fits = incremental_fits
             else:
                 fits = cumulative_fits or incremental_fits
             if not fits:
                 raise mode_mismatch(index, mode, held, listed_n, reported_obj)
-            if mode == "auto" and cumulative_fits != incremental_fits:
-                new_mode = "cumulative" if cumulative_fits else "incremental"
-            if new_mode == "cumulative":
+            if mode is AUTO and cumulative_fits != incremental_fits:
+                new_mode = CUMULATIVE if cumulative_fits else INCREMENTAL
+            if new_mode is CUMULATIVE:
                 if reported < self._reported:
                     raise length_decreased(index, self._reported, reported_obj)
                 self._check_prefix(index, listed)
@@ -420,14 +442,14 @@ cdef class StreamAccumulator:
         text_replaces = False
         if echo:
             if self._text_parts is not None and text is not None:
-                if new_mode == "cumulative":
+                if new_mode is CUMULATIVE:
                     text_update = text
-                elif new_mode == "incremental":
+                elif new_mode is INCREMENTAL:
                     text_update = incremental_echo_text("".join(self._text_parts), text)
                 text_replaces = True
         elif text is not None:
             text_update = text
-            text_replaces = new_mode == "cumulative"
+            text_replaces = new_mode is CUMULATIVE
 
         top_p = self._read_top_p(index, meta, data, spans, new_mode, held, new_n)
         routed = self._routed
@@ -480,7 +502,7 @@ cdef class StreamAccumulator:
             # A coalesced delta may precede the full list: the full list is the tail.
             full_start = self._lp_ids.size - <Py_ssize_t>completion
             self._check_prefix(index, self._lp_ids._data + full_start)
-        elif not has_logprobs and mode == "cumulative" and has_output_ids and self._out_ids.size == completion:
+        elif not has_logprobs and mode is CUMULATIVE and has_output_ids and self._out_ids.size == completion:
             full_start = 0
             self._check_prefix(index, self._out_ids._data)
         else:
@@ -570,8 +592,7 @@ cdef class StreamAccumulator:
 
     cdef dict _meta_dict(self):
         if self._lazy_meta is not None:
-            data, start, end = self._lazy_meta
-            self._meta = _loads(memoryview(data)[start:end])
+            self._meta = _loads(self._lazy_meta)
             self._lazy_meta = None
         return self._meta
 

@@ -97,6 +97,12 @@ cdef class SseFramer:
             if buf[0] == 10:
                 pos = 1
         while pos < n:
+            if self._state == HEAD and not self.has_data and not self._head_len and not self._at_start:
+                end = self._event_in_place(buf, pos, n)
+                if end > pos:
+                    pos = end
+                    count += 1
+                    continue
             end = find_line_end(buf, pos, n)
             if end < 0:
                 self._take(buf, pos, n)
@@ -111,6 +117,35 @@ cdef class SseFramer:
                     self._after_cr = True
             count += self._end_line()
         return count
+
+    cdef Py_ssize_t _event_in_place(self, const unsigned char* buf, Py_ssize_t pos, Py_ssize_t n) except -1:
+        """Dispatch a whole event at buf[pos:] ("data: ...\\n\\n") without copying it; return
+        where the next line starts, or pos when the line-by-line route must take it."""
+        cdef Py_ssize_t start, end, index
+        cdef const unsigned char* lf
+        if n - pos < 8 or memcmp(buf + pos, DATA_FIELD, 5) != 0:
+            return pos
+        start = pos + 5
+        if buf[start] == 32:
+            start += 1
+        lf = <const unsigned char*>memchr(buf + start, 10, <size_t>(n - start))
+        if lf == NULL:
+            return pos
+        end = lf - buf
+        if (
+            end + 1 >= n
+            or buf[end + 1] != 10
+            or memchr(buf + start, 13, <size_t>(end - start)) != NULL
+            or (self._limit >= 0 and end - start > self._limit)
+            or end - start >= STREAM_AFTER_BYTES
+        ):
+            return pos
+        index = self.events
+        self.events = index + 1  # counted before it is applied, as in _end_line
+        if not self._owner._event_in_place(buf + start, end - start, index):
+            self.events = index
+            return pos
+        return end + 2
 
     @property
     def mid_event(self):

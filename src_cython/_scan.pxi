@@ -449,17 +449,16 @@ cdef struct ScanResult:
     long long completion  # -1: absent
     long long lp_length
     long long prompt
-    Py_ssize_t meta_start  # the meta_info object's bytes, for a lazy orjson parse
-    Py_ssize_t meta_end
+    const unsigned char* meta  # the meta_info object's bytes, for a lazy orjson parse
+    Py_ssize_t meta_len
 
 
-cdef int scan_event(bytearray data, Int32Buffer out_ids, Int32Buffer lp_ids, Float64Buffer lp_values,
-                    Py_ssize_t skip, ScanResult* r) except -1:
-    """Read an ordinary event into the staging buffers: 1, or 0 when the orjson path must decide.
+cdef int scan_event(const unsigned char* base, Py_ssize_t n, Int32Buffer out_ids, Int32Buffer lp_ids,
+                    Float64Buffer lp_values, Py_ssize_t skip, ScanResult* r) except -1:
+    """Read the event base[:n] into the staging buffers: 1, or 0 when the orjson path must decide.
     ``skip``: leading logprob entries whose numbers are validated but not converted (the prefix a
-    cumulative event repeats)."""
-    cdef const unsigned char* base = <const unsigned char*>PyByteArray_AS_STRING(data)
-    cdef const unsigned char* end = base + PyByteArray_GET_SIZE(data)
+    cumulative event repeats). Pointers in ``r`` point into base."""
+    cdef const unsigned char* end = base + n
     cdef const unsigned char* p = base
     cdef const unsigned char* key
     cdef Py_ssize_t key_len
@@ -507,9 +506,9 @@ cdef int scan_event(bytearray data, Int32Buffer out_ids, Int32Buffer lp_ids, Flo
             if has_meta or p[0] != 123:
                 return 0
             has_meta = True
-            r.meta_start = p - base
+            r.meta = p
             p = _scan_meta(p, end, lp_ids, lp_values, skip, r)
-            r.meta_end = (p - base) if p != NULL else 0
+            r.meta_len = (p - r.meta) if p != NULL else 0
         elif _key_is(key, key_len, b"error", 5) or _key_is(key, key_len, b"index", 5):
             return 0
         else:
