@@ -63,6 +63,10 @@ cdef class StreamAccumulator:
     cdef dict _finish_reason
     cdef dict _meta
     cdef bytes _lazy_meta  # a scanned event's meta_info, parsed only when a result is built
+    # ... or, while feed() runs, still in the fed piece: copied once when feed() returns, not
+    # once per event.
+    cdef const unsigned char* _meta_in_piece
+    cdef Py_ssize_t _meta_in_piece_len
     cdef Py_ssize_t _events  # JSON events applied or light-checked
     cdef Py_ssize_t _full_parses
     cdef Py_ssize_t _reported  # newest total the server reported
@@ -153,6 +157,10 @@ cdef class StreamAccumulator:
             self._error = exc
             raise
         finally:
+            if self._meta_in_piece != NULL:
+                self._lazy_meta = PyBytes_FromStringAndSize(<const char*>self._meta_in_piece,
+                                                            self._meta_in_piece_len)
+                self._meta_in_piece = NULL
             PyBuffer_Release(&view)
 
     def finish(self):
@@ -231,7 +239,7 @@ cdef class StreamAccumulator:
         if not scan_event(data, n, self._out_ids, self._lp_ids, self._lp_values,
                           self._ids.size if self._mode is CUMULATIVE else 0, &scanned):
             return False
-        self._apply_scanned(index, False, &scanned)
+        self._apply_scanned(index, False, &scanned, True)
         return True
 
     cdef bint _light_check(self, bytearray data, Py_ssize_t index) except -1:
@@ -273,7 +281,7 @@ cdef class StreamAccumulator:
         if FAST_SCAN and scan is None:
             if scan_event(<const unsigned char*>PyByteArray_AS_STRING(data), PyByteArray_GET_SIZE(data), out_ids,
                           lp_ids, lp_values, self._ids.size if self._mode is CUMULATIVE else 0, &scanned):
-                return self._apply_scanned(index, counted, &scanned)
+                return self._apply_scanned(index, counted, &scanned, False)
         if scan is not None and not scan.off:
             scan.advance(data, None, True)  # finish the scan over the complete event
             if reappears(data, scan.spans):
@@ -333,11 +341,12 @@ cdef class StreamAccumulator:
             if text is not None and type(text) is not str:
                 raise bad_format(index, f"text must be a string, not {type_name(text)}")
 
-        return self._commit(index, counted, data, spans, routed_block, meta, None, finish, echo,
+        return self._commit(index, counted, data, spans, routed_block, meta, finish, echo,
                             has_output_ids, has_logprobs, completion, lp_length, prompt, text)
 
-    cdef int _apply_scanned(self, Py_ssize_t index, bint counted, ScanResult* r) except -1:
-        """The rest of _apply for an event the scanner read (no finish_reason, no base64 arrays)."""
+    cdef int _apply_scanned(self, Py_ssize_t index, bint counted, ScanResult* r, bint in_piece) except -1:
+        """The rest of _apply for an event the scanner read (no finish_reason, no base64 arrays);
+        ``in_piece``: its bytes are the fed piece's, valid until feed() returns."""
         if self._has_logprobs is not None and r.has_logprobs != self._has_logprobs:
             what = "appeared" if r.has_logprobs else "disappeared"
             raise bad_format(index, f"output_token_logprobs {what} mid-stream")
@@ -347,18 +356,22 @@ cdef class StreamAccumulator:
                 text = _loads(PyBytes_FromStringAndSize(<const char*>r.text - 1, r.text_len + 2))
             else:
                 text = PyUnicode_DecodeUTF8(<const char*>r.text, r.text_len, NULL)
-        return self._commit(
-            index, counted, None, None, None, None,
-            PyBytes_FromStringAndSize(<const char*>r.meta, r.meta_len), None, False,
-            r.has_output_ids, r.has_logprobs,
+        self._commit(
+            index, counted, None, None, None, None, None, False, r.has_output_ids, r.has_logprobs,
             r.completion if r.completion >= 0 else None,
             r.lp_length if r.lp_length >= 0 else None,
             r.prompt if r.prompt >= 0 else None,
             text,
         )
+        if in_piece:
+            self._meta_in_piece = r.meta
+            self._meta_in_piece_len = r.meta_len
+        else:
+            self._lazy_meta = PyBytes_FromStringAndSize(<const char*>r.meta, r.meta_len)
+        return 0
 
     cdef int _commit(self, Py_ssize_t index, bint counted, bytearray data, dict spans, Block routed_block,
-                     dict meta, bytes lazy_meta, object finish, bint echo, bint has_output_ids,
+                     dict meta, object finish, bint echo, bint has_output_ids,
                      bint has_logprobs, object completion, object lp_length, object prompt,
                      object text) except -1:
         """Validate the event's lengths, text, top-p and routed experts, then commit it."""
@@ -472,8 +485,9 @@ cdef class StreamAccumulator:
         self._routed = routed
         if finish is not None:
             self._finish_reason = finish
-        self._meta = meta  # filtered once, when a result is built
-        self._lazy_meta = lazy_meta  # or kept as bytes until then (scanned events)
+        self._meta = meta  # filtered once, when a result is built (None: a scanned event's, kept
+        self._lazy_meta = None  # as bytes by _apply_scanned until then)
+        self._meta_in_piece = NULL
         self._mode = new_mode
         if not counted:
             self._events += 1
@@ -523,6 +537,8 @@ cdef class StreamAccumulator:
                             Py_ssize_t held, Py_ssize_t added):
         """Decode and validate this event's top-p CSR; say whether it replaces or appends."""
         cdef Py_ssize_t rows, total, have
+        if meta is None and self._top_p_offsets is None:
+            return None  # a scanned event, and no top-p so far
         for ids_key, offsets_key in _TOP_P_PAIRS:
             if meta is not None and (ids_key in meta or offsets_key in meta):
                 break
