@@ -108,6 +108,125 @@ cdef extern from *:
         *ok = 1;
         return out;
     }
+    /* What fa_number found. */
+    enum { FA_NUMBER_BAD = 0, FA_NUMBER_OK = 1, FA_NUMBER_SLOW = 2 };
+    static inline int fa_is_digit(unsigned char c) { return (unsigned)(c - '0') <= 9; }
+    /* The JSON number at *pp: FA_NUMBER_BAD when there is none, or one the scanner leaves to
+       orjson (an integer whose float() is not exact here); else *pp moves past it and the result
+       is FA_NUMBER_OK (with *out set when convert) or FA_NUMBER_SLOW: the value needs a correctly
+       rounded parser, or (not converted) might overflow, which orjson refuses even unused.
+       19 significant digits are kept; the rest only moves the exponent (and marks truncation). */
+    static int fa_number(const unsigned char **pp, const unsigned char *end, int convert, double *out) {
+        const unsigned char *p = *pp;
+        uint64_t w = 0;
+        int sig = 0, e10 = 0, exp_sign = 1, exp_value = 0, negative = 0, is_float = 0, truncated = 0;
+        if (p < end && *p == '-') {
+            negative = 1;
+            p++;
+        }
+        if (p >= end || !fa_is_digit(*p))
+            return FA_NUMBER_BAD;
+        if (*p == '0') {
+            p++;
+            if (p < end && fa_is_digit(*p))
+                return FA_NUMBER_BAD;  /* a leading zero is not JSON */
+        } else {
+            do {
+                if (sig < 19) {
+                    w = w * 10 + (uint64_t)(*p - '0');
+                    sig++;
+                } else {
+                    e10++;
+                    truncated = 1;
+                }
+                p++;
+            } while (p < end && fa_is_digit(*p));
+        }
+        if (p < end && *p == '.') {
+            is_float = 1;
+            p++;
+            if (p >= end || !fa_is_digit(*p))
+                return FA_NUMBER_BAD;
+            if (w == 0) {
+                while (p < end && *p == '0') {  /* leading zeros only move the exponent */
+                    e10--;
+                    p++;
+                }
+            }
+    #if FA_SWAR
+            /* Up to sixteen digits a step while they fit in the 19 kept: two words are read and
+               measured independently, so the second does not wait for the first. The byte loop
+               takes the rest, and the buffer's last bytes. */
+            while (end - p >= 16) {
+                uint64_t v1 = fa_load8(p), v2 = fa_load8(p + 8);
+                int run1 = fa_digit_run(v1), run2 = fa_digit_run(v2);
+                if (run1 < 8) {
+                    if (run1 == 0 || sig + run1 > 19)
+                        break;
+                    w = w * fa_pow10_u[run1] + fa_digits_value(v1, run1);
+                    sig += run1;
+                    e10 -= run1;
+                    p += run1;
+                    break;
+                }
+                if (sig + 8 + run2 > 19)
+                    break;
+                w = w * 100000000 + fa_digits_value(v1, 8);
+                if (run2)
+                    w = w * fa_pow10_u[run2] + fa_digits_value(v2, run2);
+                sig += 8 + run2;
+                e10 -= 8 + run2;
+                p += 8 + run2;
+                if (run2 < 8)
+                    break;
+            }
+    #endif
+            while (p < end && fa_is_digit(*p)) {
+                if (sig < 19) {
+                    w = w * 10 + (uint64_t)(*p - '0');
+                    sig++;
+                    e10--;
+                } else {
+                    truncated = 1;
+                }
+                p++;
+            }
+        }
+        if (p < end && (*p | 0x20) == 'e') {
+            is_float = 1;
+            p++;
+            if (p < end && (*p == '+' || *p == '-')) {
+                exp_sign = *p == '-' ? -1 : 1;
+                p++;
+            }
+            if (p >= end || !fa_is_digit(*p))
+                return FA_NUMBER_BAD;
+            do {
+                if (exp_value < 100000)
+                    exp_value = exp_value * 10 + (*p - '0');
+                p++;
+            } while (p < end && fa_is_digit(*p));
+            e10 += exp_sign * exp_value;
+        }
+        *pp = p;
+        if (!convert)
+            return sig + e10 <= 300 || (exp_sign < 0 && exp_value >= 100000) ? FA_NUMBER_OK : FA_NUMBER_SLOW;
+        if (!is_float) {
+            if (truncated || w > 9007199254740992ULL)
+                return FA_NUMBER_BAD;
+            *out = negative && w != 0 ? -(double)w : (double)w;
+            return FA_NUMBER_OK;
+        }
+        if (!truncated && exp_value < 100000) {
+            int ok;
+            double value = fa_scale(w, e10, &ok);
+            if (ok) {
+                *out = negative ? -value : value;
+                return FA_NUMBER_OK;
+            }
+        }
+        return FA_NUMBER_SLOW;
+    }
     """
     int FA_SWAR
     int FA_Q_MIN
@@ -119,6 +238,11 @@ cdef extern from *:
     const uint64_t* fa_pow10_u
     void fa_set_pow5(int q, uint64_t t, int s) nogil
     double fa_scale(uint64_t w, int e10, int* ok) nogil
+    enum:
+        FA_NUMBER_BAD
+        FA_NUMBER_OK
+        FA_NUMBER_SLOW
+    int fa_number(const unsigned char** pp, const unsigned char* end, int convert, double* out) nogil
     double PyOS_string_to_double(const char* s, char** endptr, PyObject* overflow_exception) except? -1.0
 
 
@@ -256,104 +380,24 @@ cdef const unsigned char* scan_number(const unsigned char* p, const unsigned cha
     """A JSON number at p: its end, or NULL (not a number, or one this cannot convert exactly).
     Ints convert as float(int) does (so -0 is +0.0); floats are correctly rounded."""
     cdef const unsigned char* start = p
-    cdef unsigned long long w = 0
-    cdef int sig = 0, e10 = 0, exp_sign = 1, exp_value = 0, ok = 0, d, run
-    cdef uint64_t v
-    cdef bint negative = False, is_float = False, truncated = False
-    cdef double value = 0.0
+    cdef double value
     cdef char* stop
-    if p < end and p[0] == 45:
-        negative = True
-        p += 1
-    if p >= end or not _is_digit(p[0]):
+    cdef int status = fa_number(&p, end, convert, out)
+    if status == FA_NUMBER_OK:
+        return p
+    if status == FA_NUMBER_BAD:
         return NULL
-    if p[0] == 48:
-        p += 1
-        if p < end and _is_digit(p[0]):
-            return NULL  # a leading zero is not JSON
-    else:
-        while p < end and _is_digit(p[0]):
-            if sig < 19:
-                w = w * 10 + (p[0] - 48)
-                sig += 1
-            else:
-                e10 += 1
-                truncated = True
-            p += 1
-    if p < end and p[0] == 46:
-        is_float = True
-        p += 1
-        if p >= end or not _is_digit(p[0]):
-            return NULL
-        if w == 0:
-            while p < end and p[0] == 48:  # leading zeros only move the exponent
-                e10 -= 1
-                p += 1
-        # Up to eight digits at a time while they fit in the 19 significant digits kept; the
-        # byte loop below takes the rest (and the last bytes of the buffer).
-        while FA_SWAR and end - p >= 8:
-            v = fa_load8(p)
-            run = fa_digit_run(v)
-            if run == 0 or sig + run > 19:
-                break
-            w = w * fa_pow10_u[run] + fa_digits_value(v, run)
-            sig += run  # the first digit is not a leading zero (skipped above)
-            e10 -= run
-            p += run
-            if run < 8:
-                break
-        while p < end and _is_digit(p[0]):
-            d = p[0] - 48
-            if w == 0 and d == 0:
-                e10 -= 1
-            elif sig < 19:
-                w = w * 10 + d
-                sig += 1
-                e10 -= 1
-            else:
-                truncated = True
-            p += 1
-    if p < end and (p[0] == 101 or p[0] == 69):
-        is_float = True
-        p += 1
-        if p < end and (p[0] == 43 or p[0] == 45):
-            exp_sign = -1 if p[0] == 45 else 1
-            p += 1
-        if p >= end or not _is_digit(p[0]):
-            return NULL
-        while p < end and _is_digit(p[0]):
-            if exp_value < 100000:
-                exp_value = exp_value * 10 + (p[0] - 48)
-            p += 1
-        e10 += exp_sign * exp_value
-    if not convert:
-        # orjson refuses a number that overflows to infinity even where its value is unused, so a
-        # skipped number that may be that large is converted after all, just to check.
-        if sig + e10 <= 300 or exp_sign < 0 and exp_value >= 100000:
-            return p
-        value = PyOS_string_to_double(<const char*>start, &stop, NULL)
-        if <const unsigned char*>stop != p or isinf(value):
-            return NULL
-        return p
-    if not is_float:
-        # orjson returns an int, converted by float(): exact below 2**53, else left to orjson
-        if truncated or w > 9007199254740992ULL:
-            return NULL
-        out[0] = -<double>w if negative and w != 0 else <double>w
-        return p
-    if not truncated and exp_value < 100000:
-        value = fa_scale(w, e10, &ok)
-    if not ok:
-        value = PyOS_string_to_double(<const char*>start, &stop, NULL)  # correctly rounded
-        if <const unsigned char*>stop != p or isinf(value) or isnan(value):
-            return NULL  # orjson refuses numbers that overflow to infinity
+    # The bytes after a number in an event are never part of it (a delimiter, the line's LF or
+    # the bytearray's NUL), so the C parser stops at p.
+    value = PyOS_string_to_double(<const char*>start, &stop, NULL)  # correctly rounded
+    if <const unsigned char*>stop != p or isinf(value) or isnan(value):
+        return NULL  # orjson refuses numbers that overflow to infinity, even skipped ones
+    if convert:
         out[0] = value
-        return p
-    out[0] = -value if negative else value
     return p
 
 
-cdef const unsigned char* scan_uint(const unsigned char* p, const unsigned char* end,
+cdef inline const unsigned char* scan_uint(const unsigned char* p, const unsigned char* end,
                                     long long* out) noexcept nogil:
     """A plain non-negative JSON integer of at most 18 digits, or NULL."""
     cdef long long value = 0
