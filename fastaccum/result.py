@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -15,7 +15,8 @@ __all__ = ("StreamResult",)
 class StreamResult:
     """What one /generate stream produced (or the prefix observed so far).
 
-    Arrays are owned by the result (copies of the accumulator's buffers). ``logprobs`` is NaN where
+    Arrays are the result's own: copies of the accumulator's buffers in a snapshot, the buffers'
+    storage itself (no copy) in the result of finish(). ``logprobs`` is NaN where
     the server sent ``null``; ``text``, ``logprobs``, top-p and routed experts are None when the
     stream carried none. ``meta_info`` is the newest event's meta_info without the token-aligned
     lists and the decoded base64 arrays.
@@ -48,3 +49,18 @@ class StreamResult:
             f"StreamResult(mode={self.mode!r}, tokens={len(self)}, finish={kind!r}, "
             f"events={self.events}, aborted={self.aborted})"
         )
+
+
+def snapshot_of(result: StreamResult) -> StreamResult:
+    """A snapshot taken after finish(): the final result with arrays and dicts of its own (the
+    accumulator handed its buffers to the final result). routed_experts is shared, as it is
+    between any two snapshots."""
+    return replace(
+        result,
+        token_ids=result.token_ids.copy(),
+        logprobs=None if result.logprobs is None else result.logprobs.copy(),
+        finish_reason=None if result.finish_reason is None else dict(result.finish_reason),
+        meta_info=dict(result.meta_info),
+        top_p_token_ids=None if result.top_p_token_ids is None else result.top_p_token_ids.copy(),
+        top_p_token_offsets=None if result.top_p_token_offsets is None else result.top_p_token_offsets.copy(),
+    )

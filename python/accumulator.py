@@ -27,7 +27,7 @@ from fastaccum._py.arrays import B64_KEYS, cut_b64_spans, decode_int32
 from fastaccum._py.buffers import Float64Buffer, Int32Buffer
 from fastaccum._py.framing import SseFramer
 from fastaccum.errors import StreamError
-from fastaccum.result import StreamResult
+from fastaccum.result import StreamResult, snapshot_of
 
 __all__ = ("StreamAccumulator", "accumulate")
 
@@ -246,11 +246,13 @@ class StreamAccumulator:
         except StreamError as exc:
             self._error = exc
             raise
-        self._result = self._build()
+        self._result = self._build(final=True)
         return self._result
 
     def snapshot(self) -> StreamResult:
         """The observed prefix, consistent across tokens, logprobs, text and top-p; never raises."""
+        if self._result is not None:
+            return snapshot_of(self._result)
         if self._pending is not None:
             try:
                 self._apply(self._pending, self._pending_index, counted=True)
@@ -567,7 +569,8 @@ class StreamAccumulator:
             )
         return routed.reshape(rows, layers, topk)
 
-    def _build(self) -> StreamResult:
+    def _build(self, final: bool = False) -> StreamResult:
+        """The result so far; ``final``: the buffers' storage goes to it (finish(), no copies)."""
         parts = self._text_parts
         text: str | None = None
         if parts is not None:
@@ -575,16 +578,17 @@ class StreamAccumulator:
             self._text_parts = [text]  # join once; later deltas append to the joined text
         top_p_ids = top_p_offsets = None
         if self._top_p_ids is not None and self._top_p_offsets is not None:
-            top_p_ids = self._top_p_ids.to_array()
-            top_p_offsets = self._top_p_offsets.to_array()
+            top_p_ids = self._top_p_ids.take_array() if final else self._top_p_ids.to_array()
+            top_p_offsets = self._top_p_offsets.take_array() if final else self._top_p_offsets.to_array()
+        completion_tokens = self._ids.size
         return StreamResult(
             mode=self._mode,
-            token_ids=self._ids.to_array(),
-            logprobs=self._logprobs.to_array() if self._has_logprobs else None,
+            token_ids=self._ids.take_array() if final else self._ids.to_array(),
+            logprobs=(self._logprobs.take_array() if final else self._logprobs.to_array()) if self._has_logprobs else None,
             text=text,
             finish_reason=dict(self._finish_reason) if self._finish_reason is not None else None,
             meta_info={k: v for k, v in self._meta.items() if k not in _DROPPED_META},
-            completion_tokens=self._ids.size,
+            completion_tokens=completion_tokens,
             top_p_token_ids=top_p_ids,
             top_p_token_offsets=top_p_offsets,
             routed_experts=self._routed,

@@ -1,4 +1,5 @@
-"""Growable numpy buffers with explicit size and capacity; to_array() hands out copies."""
+"""Growable numpy buffers with explicit size and capacity; to_array() hands out copies,
+take_array() the storage itself (for a final result)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ _MIN_CAPACITY = 256
 
 
 class _Buffer:
-    """Growable storage of one dtype. Grows by doubling; to_array() copies, so nothing is ever lent."""
+    """Growable storage of one dtype. Grows by doubling; to_array() copies, so nothing is ever lent;
+    take_array() gives the storage away (for a final result) and leaves the buffer empty."""
 
     dtype: ClassVar[type[np.generic]]
 
@@ -48,6 +50,13 @@ class _Buffer:
 
     def to_array(self) -> npt.NDArray[Any]:
         return self._array[: self.size].copy()
+
+    def take_array(self) -> npt.NDArray[Any]:
+        # A slice would keep the spare capacity alive for as long as the result lives.
+        array = self._array if self.size == self.capacity else self.to_array()
+        self._array = np.empty(0, dtype=self.dtype)
+        self.size = 0
+        return array
 
 
 class Int32Buffer(_Buffer):

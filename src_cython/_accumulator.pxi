@@ -180,11 +180,13 @@ cdef class StreamAccumulator:
         except StreamError as exc:
             self._error = exc
             raise
-        self._result = self._build()
+        self._result = self._build(True)
         return self._result
 
     def snapshot(self):
         """The observed prefix, consistent across tokens, logprobs, text and top-p; never raises."""
+        if self._result is not None:
+            return snapshot_of(self._result)
         if self._pending is not None:
             try:
                 self._apply(self._pending, self._pending_index, True, self._pending_scan)
@@ -612,7 +614,8 @@ cdef class StreamAccumulator:
             self._lazy_meta = None
         return self._meta
 
-    cdef object _build(self):
+    cdef object _build(self, bint final=False):
+        """The result so far; ``final``: the buffers' storage goes to it (finish(), no copies)."""
         cdef list parts = self._text_parts
         text = None
         if parts is not None:
@@ -620,16 +623,17 @@ cdef class StreamAccumulator:
             self._text_parts = [text]  # join once; later deltas append to the joined text
         top_p_ids = top_p_offsets = None
         if self._top_p_ids is not None and self._top_p_offsets is not None:
-            top_p_ids = self._top_p_ids.to_array()
-            top_p_offsets = self._top_p_offsets.to_array()
+            top_p_ids = self._top_p_ids.take_array() if final else self._top_p_ids.to_array()
+            top_p_offsets = self._top_p_offsets.take_array() if final else self._top_p_offsets.to_array()
+        completion_tokens = self._ids.size
         return StreamResult(
             mode=self._mode,
-            token_ids=self._ids.to_array(),
-            logprobs=self._logprobs.to_array() if self._has_logprobs else None,
+            token_ids=self._ids.take_array() if final else self._ids.to_array(),
+            logprobs=(self._logprobs.take_array() if final else self._logprobs.to_array()) if self._has_logprobs else None,
             text=text,
             finish_reason=dict(self._finish_reason) if self._finish_reason is not None else None,
             meta_info={k: v for k, v in self._meta_dict().items() if k not in _DROPPED_META},
-            completion_tokens=self._ids.size,
+            completion_tokens=completion_tokens,
             top_p_token_ids=top_p_ids,
             top_p_token_offsets=top_p_offsets,
             routed_experts=self._routed,

@@ -33,7 +33,7 @@ from fastaccum._messages import (
     type_name,
 )
 from fastaccum.errors import StreamError
-from fastaccum.result import StreamResult
+from fastaccum.result import StreamResult, snapshot_of
 
 __all__ = ("StreamAccumulator", "accumulate")
 
@@ -263,8 +263,48 @@ cdef enum:
     MIN_CAPACITY = 256
 
 
+cdef char* _BYTE_FORMAT = b"B"
+
+
+cdef class _Storage:
+    """The memory of a buffer that take_array() handed to a numpy array: the array's base, which
+    frees it when the array goes."""
+
+    cdef void* _data
+    cdef Py_ssize_t _nbytes
+
+    def __dealloc__(self):
+        PyMem_Free(self._data)
+
+    def __getbuffer__(self, Py_buffer* view, int flags):
+        view.buf = self._data
+        view.obj = self
+        view.len = self._nbytes
+        view.readonly = 0
+        view.itemsize = 1
+        view.format = _BYTE_FORMAT if flags & PyBUF_FORMAT else NULL
+        view.ndim = 1
+        view.shape = &self._nbytes if flags & PyBUF_ND else NULL
+        view.strides = NULL
+        view.suboffsets = NULL
+        view.internal = NULL
+
+    def __releasebuffer__(self, Py_buffer* view):
+        pass
+
+
+cdef object _hand_over(void* data, Py_ssize_t nbytes, object dtype):
+    """An array of dtype over data (which it then owns), trimmed to nbytes."""
+    cdef _Storage storage = _Storage.__new__(_Storage)
+    cdef void* trimmed = PyMem_Realloc(data, nbytes)  # shrinking: in place, or a remap
+    storage._data = trimmed if trimmed != NULL else data
+    storage._nbytes = nbytes
+    return np.frombuffer(storage, dtype=dtype)
+
+
 cdef class Int32Buffer:
-    """Growable int32 storage. Grows by doubling; to_array() copies, so nothing is ever lent."""
+    """Growable int32 storage. Grows by doubling; to_array() copies, so nothing is ever lent;
+    take_array() gives the storage away (for a final result) and leaves the buffer empty."""
 
     cdef int32_t* _data
     cdef readonly Py_ssize_t size
@@ -304,6 +344,14 @@ cdef class Int32Buffer:
         cdef int32_t[::1] view = array
         if self.size:
             memcpy(&view[0], self._data, self.size * sizeof(int32_t))
+        return array
+
+    cpdef object take_array(self):
+        if self.size == 0:
+            return np.empty(0, dtype=np.int32)
+        array = _hand_over(self._data, self.size * sizeof(int32_t), np.int32)
+        self._data = NULL
+        self.size = self.capacity = 0
         return array
 
     cdef Py_ssize_t equals_prefix(self, const int32_t* values) noexcept:
@@ -357,6 +405,14 @@ cdef class Float64Buffer:
         cdef double[::1] view = array
         if self.size:
             memcpy(&view[0], self._data, self.size * sizeof(double))
+        return array
+
+    cpdef object take_array(self):
+        if self.size == 0:
+            return np.empty(0, dtype=np.float64)
+        array = _hand_over(self._data, self.size * sizeof(double), np.float64)
+        self._data = NULL
+        self.size = self.capacity = 0
         return array
 
 

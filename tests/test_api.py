@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import pickle
 from types import ModuleType
 
@@ -198,6 +199,29 @@ def test_snapshot_returns_copies(impl: ModuleType) -> None:
     assert result.token_ids.tolist() == list(GEN.token_ids)
     assert result.logprobs.tolist() == list(GEN.logprobs)
     assert result.meta_info["id"] == "api"
+
+
+def test_the_final_result_owns_its_arrays(impl: ModuleType) -> None:
+    # finish() hands the buffers' storage to the result instead of copying it: the arrays must
+    # outlive the accumulator, be writable, and not be shared with a later snapshot.
+    acc = impl.StreamAccumulator(expert_shape=(2, 2))
+    acc.feed(BODY)
+    result = acc.finish()
+    snap = acc.snapshot()
+    del acc
+    gc.collect()
+    assert result.token_ids.tolist() == list(GEN.token_ids)
+    assert result.logprobs.tolist() == list(GEN.logprobs)
+    for name in ("token_ids", "logprobs", "top_p_token_ids", "top_p_token_offsets"):
+        final, later = getattr(result, name), getattr(snap, name)
+        assert final.flags.writeable and final.flags.c_contiguous
+        assert final.tobytes() == later.tobytes() and not np.shares_memory(final, later)
+    assert (snap.text, snap.finish_reason, snap.meta_info, snap.events, snap.mode, snap.completion_tokens) == (
+        result.text, result.finish_reason, result.meta_info, result.events, result.mode, result.completion_tokens
+    )
+    result.token_ids[:] = -1
+    result.meta_info["id"] = "changed"
+    assert snap.token_ids.tolist() == list(GEN.token_ids) and snap.meta_info["id"] == "api"
 
 
 def test_snapshot_before_any_input(impl: ModuleType) -> None:
