@@ -7,6 +7,7 @@
 # into the event ("de-streaming") and the event takes the ordinary path, so results and errors
 # stay identical to the pure twin's. There is no such path in fastaccum._py.
 
+from cpython.memoryview cimport PyMemoryView_FromMemory
 from posix.mman cimport MAP_ANONYMOUS, MAP_FAILED, MAP_PRIVATE, PROT_READ, PROT_WRITE, mmap, munmap
 
 cdef extern from *:
@@ -205,7 +206,8 @@ cdef class SpanScan:
     cdef bint decode(self, const char* p, Py_ssize_t n) except -1:
         """Append the decoding of n characters (whole quanta); False if they are not valid."""
         try:
-            chunk = pybase64.b64decode(PyBytes_FromStringAndSize(p, n), validate=True)
+            # A view of the caller's bytes, valid for this call: no copy before decoding.
+            chunk = pybase64.b64decode(PyMemoryView_FromMemory(<char*>p, n, PyBUF_READ), validate=True)
         except ValueError:
             return False
         self.block.append(chunk)
