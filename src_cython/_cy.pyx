@@ -97,6 +97,13 @@ cdef class SseFramer:
             if buf[0] == 10:
                 pos = 1
         while pos < n:
+            if self._state == DATA_VALUE and self._scan is not None and self._scan.streaming:
+                # Inside a streamed base64 value: the scan reads the piece before any line-end
+                # search (it never consumes a line end), so most pieces are read once, not thrice.
+                pos += self._scan.take(self.data, <const char*>buf, pos, n)
+                self._check_size()
+                if pos >= n:
+                    break
             if self._state == HEAD and not self.has_data and not self._head_len and not self._at_start:
                 end = self._event_in_place(buf, pos, n)
                 if end > pos:

@@ -155,40 +155,54 @@ cdef class SpanScan:
 
     cdef Py_ssize_t take(self, bytearray data, const char* p, Py_ssize_t offset, Py_ssize_t n) except -1:
         """Decode the value characters in p[offset:n]; return how many were consumed (up to the
-        closing quote, or fewer after de-streaming: the caller appends the rest to data)."""
+        closing quote, or fewer after de-streaming: the caller appends the rest to data).
+
+        p may run past the end of the line: whole quanta are validated by the decoder, which
+        refuses a CR or LF (and a backslash or a misplaced '='), and the few characters of a
+        partial quantum are checked here, so a line end is never consumed."""
         cdef const char* q
-        cdef Py_ssize_t m, i, eq, body_end, whole, rest
+        cdef Py_ssize_t m, i, k, whole, rest
+        cdef bint padded = False
         p += offset
         n -= offset
         q = <const char*>memchr(p, 34, n)
         m = (q - p) if q != NULL else n
-        if memchr(p, 92, m) != NULL or (self.tail_padded and m > 0):
+        if self.tail_padded and m > 0:
             return self.destream(data)
-        q_eq = <const char*>memchr(p, 61, m)
-        body_end = (q_eq - p) if q_eq != NULL else m
         i = 0
-        while 0 < self.tail_len < 4 and i < body_end:
+        while 0 < self.tail_len < 4 and i < m and p[i] != 61:
+            if p[i] == 10 or p[i] == 13:
+                self.destream(data)  # writes the tail back, p[:i] included
+                return i
             self.tail[self.tail_len] = p[i]
             self.tail_len += 1
             i += 1
         if self.tail_len == 4:
             if not self.decode(self.tail, 4):
-                self.destream(data)  # writes the tail back, p[:i] included
-                return i
-            self.tail_len = 0
-        whole = (body_end - i) // 4 * 4 if self.tail_len == 0 else 0
-        if whole:
-            if not self.decode(p + i, whole):
                 self.destream(data)
                 return i
-            i += whole
+            self.tail_len = 0
+        if self.tail_len == 0:
+            whole = (m - i) // 4 * 4
+            if whole and p[i + whole - 1] == 61:
+                whole -= 4  # a padded quantum waits until the value is known to end with it
+            if whole:
+                if not self.decode(p + i, whole):
+                    self.destream(data)
+                    return i
+                i += whole
         rest = m - i
         if self.tail_len + rest > 4:
             self.destream(data)
             return i
+        for k in range(i, m):
+            if p[k] == 10 or p[k] == 13:
+                self.destream(data)
+                return i
+            padded = padded or p[k] == 61
         memcpy(self.tail + self.tail_len, p + i, rest)
         self.tail_len += rest
-        self.tail_padded = q_eq != NULL
+        self.tail_padded = padded
         self.consumed += m
         if q == NULL:
             return n

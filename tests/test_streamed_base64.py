@@ -56,7 +56,18 @@ MUTATIONS = [
     lambda v, rng: b"",
     lambda v, rng: v[: rng.randrange(len(v) + 1)],  # the value cut short (JSON breaks)
     lambda v, rng: v[:-4],  # fewer values than expert_shape wants
+    # a line end inside the value, anywhere (the scan reads ahead of the framer's line search)
+    lambda v, rng: _insert(v, rng, b"\n"),
+    lambda v, rng: _insert(v, rng, b"\r"),
+    lambda v, rng: _insert(v, rng, b"\r\n"),
+    lambda v, rng: _insert(v, rng, b"\n\ndata: "),
+    lambda v, rng: _insert(v, rng, b"=\n"),
 ]
+
+
+def _insert(value: bytes, rng: random.Random, what: bytes) -> bytes:
+    at = rng.randrange(len(value) + 1)
+    return value[:at] + what + value[at:]
 
 
 @pytest.mark.parametrize("mutation", range(len(MUTATIONS)))
