@@ -268,9 +268,24 @@ cdef class SseFramer:
 
 cdef enum:
     MIN_CAPACITY = 256
+cdef char* BYTE_FORMAT = b"B"
 
 
-cdef char* _BYTE_FORMAT = b"B"
+cdef int export_bytes(Py_buffer* view, object owner, void* data, Py_ssize_t* size, int flags) except -1:
+    """Fill ``view`` for a writable one-dimensional byte buffer (the __getbuffer__ of the owners
+    of decoded or handed-over memory)."""
+    view.buf = data if data != NULL else <void*>size  # any valid address for 0 bytes
+    view.obj = owner
+    view.len = size[0]
+    view.readonly = 0
+    view.itemsize = 1
+    view.format = BYTE_FORMAT if flags & PyBUF_FORMAT else NULL
+    view.ndim = 1
+    view.shape = size if flags & PyBUF_ND else NULL
+    view.strides = NULL
+    view.suboffsets = NULL
+    view.internal = NULL
+    return 0
 
 
 cdef class _Storage:
@@ -284,17 +299,7 @@ cdef class _Storage:
         PyMem_Free(self._data)
 
     def __getbuffer__(self, Py_buffer* view, int flags):
-        view.buf = self._data
-        view.obj = self
-        view.len = self._nbytes
-        view.readonly = 0
-        view.itemsize = 1
-        view.format = _BYTE_FORMAT if flags & PyBUF_FORMAT else NULL
-        view.ndim = 1
-        view.shape = &self._nbytes if flags & PyBUF_ND else NULL
-        view.strides = NULL
-        view.suboffsets = NULL
-        view.internal = NULL
+        export_bytes(view, self, self._data, &self._nbytes, flags)
 
     def __releasebuffer__(self, Py_buffer* view):
         pass

@@ -33,7 +33,6 @@ cdef extern from *:
 cdef Py_ssize_t STREAM_AFTER_BYTES = 4 << 20
 cdef Py_ssize_t ROUTED_KEY = 4  # index of "routed_experts" in B64_KEYS
 cdef Py_ssize_t BLOCK_MIN_BYTES = 16 << 20
-cdef char* BYTE_FORMAT = b"B"
 
 
 cdef class Block:
@@ -78,21 +77,7 @@ cdef class Block:
         return 0
 
     def __getbuffer__(self, Py_buffer* view, int flags):
-        view.buf = self.ptr if self.ptr != NULL else <char*>&self.size  # any valid address for 0 bytes
-        view.obj = self
-        view.len = self.size
-        view.readonly = 0
-        view.itemsize = 1
-        view.format = NULL
-        if flags & PyBUF_FORMAT:
-            view.format = BYTE_FORMAT
-        view.ndim = 1
-        view.shape = NULL
-        if flags & PyBUF_ND:
-            view.shape = &self.size
-        view.strides = NULL
-        view.suboffsets = NULL
-        view.internal = NULL
+        export_bytes(view, self, self.ptr, &self.size, flags)
 
     def __releasebuffer__(self, Py_buffer* view):
         pass
