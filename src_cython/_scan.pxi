@@ -81,6 +81,9 @@ cdef extern from *:
         if (w == 0)
             return 0.0;
         *ok = 0;
+    #ifndef __SIZEOF_INT128__
+        return 0.0;  /* no 128-bit product here: the correctly rounded parser decides */
+    #else
         if (q < FA_Q_MIN || q > FA_Q_MAX)
             return 0.0;
         int lz = __builtin_clzll(w);
@@ -107,6 +110,7 @@ cdef extern from *:
         memcpy(&out, &bits, 8);
         *ok = 1;
         return out;
+    #endif
     }
     /* What fa_number found. */
     enum { FA_NUMBER_BAD = 0, FA_NUMBER_OK = 1, FA_NUMBER_SLOW = 2 };
