@@ -305,12 +305,19 @@ cdef class _Storage:
         pass
 
 
-cdef object _hand_over(void* data, Py_ssize_t nbytes, object dtype):
-    """An array of dtype over data (which it then owns), trimmed to nbytes."""
-    cdef _Storage storage = _Storage.__new__(_Storage)
-    cdef void* trimmed = PyMem_Realloc(data, nbytes)  # shrinking: in place, or a remap
-    storage._data = trimmed if trimmed != NULL else data
-    storage._nbytes = nbytes
+cdef object _hand_over(void** data, Py_ssize_t* size, Py_ssize_t* capacity, size_t itemsize, object dtype):
+    """take_array() of both buffers: an array of dtype that owns the buffer's memory (trimmed to
+    its size), leaving the buffer empty; an empty buffer keeps its memory."""
+    cdef _Storage storage
+    cdef void* trimmed
+    if size[0] == 0:
+        return np.empty(0, dtype=dtype)
+    storage = _Storage.__new__(_Storage)
+    trimmed = PyMem_Realloc(data[0], size[0] * itemsize)  # shrinking: in place, or a remap
+    storage._data = trimmed if trimmed != NULL else data[0]
+    storage._nbytes = size[0] * itemsize
+    data[0] = NULL
+    size[0] = capacity[0] = 0
     return np.frombuffer(storage, dtype=dtype)
 
 
@@ -359,12 +366,7 @@ cdef class Int32Buffer:
         return array
 
     cpdef object take_array(self):
-        if self.size == 0:
-            return np.empty(0, dtype=np.int32)
-        array = _hand_over(self._data, self.size * sizeof(int32_t), np.int32)
-        self._data = NULL
-        self.size = self.capacity = 0
-        return array
+        return _hand_over(<void**>&self._data, &self.size, &self.capacity, sizeof(int32_t), np.int32)
 
     cdef Py_ssize_t equals_prefix(self, const int32_t* values) noexcept:
         """Index of the first held id that differs from ``values`` (at least as long), or -1."""
@@ -420,12 +422,7 @@ cdef class Float64Buffer:
         return array
 
     cpdef object take_array(self):
-        if self.size == 0:
-            return np.empty(0, dtype=np.float64)
-        array = _hand_over(self._data, self.size * sizeof(double), np.float64)
-        self._data = NULL
-        self.size = self.capacity = 0
-        return array
+        return _hand_over(<void**>&self._data, &self.size, &self.capacity, sizeof(double), np.float64)
 
 
 include "_arrays.pxi"
