@@ -247,6 +247,7 @@ cdef extern from *:
         FA_NUMBER_OK
         FA_NUMBER_SLOW
     int fa_number(const unsigned char** pp, const unsigned char* end, int convert, double* out) nogil
+    bint fa_is_digit(unsigned char c) nogil
     double PyOS_string_to_double(const char* s, char** endptr, PyObject* overflow_exception) except? -1.0
 
 
@@ -297,10 +298,6 @@ def _scanned_events():
     return count
 
 
-cdef inline bint _is_digit(unsigned char c) noexcept nogil:
-    return 48 <= c <= 57
-
-
 cdef const unsigned char* skip_string(const unsigned char* p, const unsigned char* end,
                                       bint* escaped) noexcept nogil:
     """p at the opening quote; the position after the closing quote, or NULL. Strict UTF-8,
@@ -333,7 +330,7 @@ cdef const unsigned char* skip_string(const unsigned char* p, const unsigned cha
                 code = 0
                 for k in range(2, 6):
                     c = p[k]
-                    if _is_digit(c):
+                    if fa_is_digit(c):
                         code = code * 16 + (c - 48)
                     elif 97 <= c <= 102:
                         code = code * 16 + (c - 87)
@@ -420,11 +417,11 @@ cdef inline const unsigned char* scan_uint(const unsigned char* p, const unsigne
             out[0] = <long long>fa_digits_value(v, digits)
             return p
         digits = 0
-    if p >= end or not _is_digit(p[0]):
+    if p >= end or not fa_is_digit(p[0]):
         return NULL
-    if p[0] == 48 and p + 1 < end and _is_digit(p[1]):
+    if p[0] == 48 and p + 1 < end and fa_is_digit(p[1]):
         return NULL
-    while p < end and _is_digit(p[0]):
+    while p < end and fa_is_digit(p[0]):
         if digits < 18:  # 18 digits always fit; more are refused below, never accumulated
             value = value * 10 + (p[0] - 48)
         digits += 1
