@@ -129,20 +129,17 @@ cdef class SseFramer:
         """Dispatch a whole event at buf[pos:] ("data: ...\\n\\n") without copying it; return
         where the next line starts, or pos when the line-by-line route must take it."""
         cdef Py_ssize_t start, end, index
-        cdef const unsigned char* lf
         if n - pos < 8 or memcmp(buf + pos, DATA_FIELD, 5) != 0:
             return pos
         start = pos + 5
         if buf[start] == 32:
             start += 1
-        lf = <const unsigned char*>memchr(buf + start, 10, <size_t>(n - start))
-        if lf == NULL:
-            return pos
-        end = lf - buf
+        end = find_line_end(buf, start, n)
         if (
-            end + 1 >= n
+            end < 0
+            or buf[end] != 10  # a CR line end: the line-by-line route
+            or end + 1 >= n
             or buf[end + 1] != 10
-            or memchr(buf + start, 13, <size_t>(end - start)) != NULL
             or (self._limit >= 0 and end - start > self._limit)
             or end - start >= STREAM_AFTER_BYTES
         ):
