@@ -229,7 +229,6 @@ cdef class StreamAccumulator:
     cdef bint _event_in_place(self, const unsigned char* data, Py_ssize_t n, Py_ssize_t index) except -1:
         """Apply an ordinary event straight from the caller's bytes, as _dispatch would apply a
         copy of them; False (nothing done) when the event needs _dispatch's other routes."""
-        cdef ScanResult scanned
         if (
             not FAST_SCAN
             or self._done
@@ -238,10 +237,16 @@ cdef class StreamAccumulator:
             or (self._mode is CUMULATIVE and self._full_parses >= _FULL_PARSES_BEFORE_LIGHT)
         ):
             return False
+        return self._apply_if_scanned(data, n, index, False, True)
+
+    cdef bint _apply_if_scanned(self, const unsigned char* data, Py_ssize_t n, Py_ssize_t index, bint counted,
+                                bint in_piece) except -1:
+        """Apply the event if the scanner reads it; False (nothing done) if orjson must."""
+        cdef ScanResult scanned
         if not scan_event(data, n, self._out_ids, self._lp_ids, self._lp_values,
                           self._ids.size if self._mode is CUMULATIVE else 0, &scanned):
             return False
-        self._apply_scanned(index, False, &scanned, True)
+        self._apply_scanned(index, counted, &scanned, in_piece)
         return True
 
     cdef bint _light_check(self, bytearray data, Py_ssize_t index) except -1:
@@ -279,11 +284,10 @@ cdef class StreamAccumulator:
         cdef Int32Buffer lp_ids = self._lp_ids
         cdef Float64Buffer lp_values = self._lp_values
         cdef Block routed_block = None
-        cdef ScanResult scanned
-        if FAST_SCAN and scan is None:
-            if scan_event(<const unsigned char*>PyByteArray_AS_STRING(data), PyByteArray_GET_SIZE(data), out_ids,
-                          lp_ids, lp_values, self._ids.size if self._mode is CUMULATIVE else 0, &scanned):
-                return self._apply_scanned(index, counted, &scanned, False)
+        if FAST_SCAN and scan is None and self._apply_if_scanned(
+            <const unsigned char*>PyByteArray_AS_STRING(data), PyByteArray_GET_SIZE(data), index, counted, False
+        ):
+            return 0
         if scan is not None and not scan.off:
             scan.advance(data, None, True)  # finish the scan over the complete event
             if reappears(data, scan.spans):
