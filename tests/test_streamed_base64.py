@@ -88,6 +88,25 @@ def test_streamed_value_matches_the_pure_twin(streaming: int, outcomes, mutation
             _assert_twins_agree(outcomes, mutated, sizes, expert_shape=shape)
 
 
+@pytest.mark.parametrize("unusual", [b"AA==", b"AAA=", b"A===", b"\\/", b"*", b"=", b"\n", b"\r", b"\""], ids=repr)
+def test_a_piece_boundary_anywhere_near_an_unusual_character(streaming: int, outcomes, unusual: bytes) -> None:
+    # A piece is decoded before the quote search once the characters that close the quantum the
+    # previous piece left open are taken; cutting at every offset near the unusual characters puts
+    # them in each place of that quantum and of the piece that follows.
+    import fastaccum._cy as cy
+    import fastaccum._py as py
+
+    data = _stream(random.Random(11), 30, True, False)
+    key = b'"routed_experts":"'
+    at = data.index(key) + len(key) + 16
+    mutated = data[:at] + unusual + data[at:]
+    for cut in range(at - 6, at + len(unusual) + 6):
+        pieces = [mutated[:cut], mutated[cut : cut + 64], mutated[cut + 64 :]]
+        for shape in (None, (3, 2)):
+            outcomes.assert_same(outcomes.run(cy, pieces, expert_shape=shape),
+                                 outcomes.run(py, pieces, expert_shape=shape))
+
+
 @pytest.mark.parametrize(
     "edit",
     [
