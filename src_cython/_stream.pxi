@@ -29,6 +29,114 @@ cdef extern from *:
     int madvise(void *addr, size_t length, int advice) nogil
     int MADV_HUGEPAGE
 
+# The decoder of whole unpadded quanta, straight into a Block: a routed-experts value arrives as
+# hundreds of MB of base64, and decoding into a new bytes object first (pybase64's only output)
+# costs one more write and read of every decoded byte. It accepts exactly the 64 characters of
+# the standard alphabet; anything else (padding included) is refused, and the caller then hands
+# the characters to pybase64 or de-streams, so it never decides an outcome pybase64 would not.
+# AVX2 only, chosen at run time; elsewhere pybase64 does all the decoding.
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <string.h>
+
+    static signed char fa_b64_value[256];
+
+    static void fa_b64_init(void) {
+        const char *alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        memset(fa_b64_value, -1, sizeof fa_b64_value);
+        for (int i = 0; i < 64; i++) fa_b64_value[(unsigned char)alphabet[i]] = (signed char)i;
+    }
+
+    /* n is a multiple of 4; writes n / 4 * 3 bytes; 0 if a character is outside the alphabet. */
+    static int fa_b64_decode_plain(const unsigned char *src, size_t n, unsigned char *out) {
+        for (size_t i = 0; i < n; i += 4, out += 3) {
+            int a = fa_b64_value[src[i]], b = fa_b64_value[src[i + 1]];
+            int c = fa_b64_value[src[i + 2]], d = fa_b64_value[src[i + 3]];
+            if ((a | b | c | d) < 0) return 0;
+            uint32_t v = (uint32_t)a << 18 | (uint32_t)b << 12 | (uint32_t)c << 6 | (uint32_t)d;
+            out[0] = (unsigned char)(v >> 16);
+            out[1] = (unsigned char)(v >> 8);
+            out[2] = (unsigned char)v;
+        }
+        return 1;
+    }
+
+    #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    #include <immintrin.h>
+
+    /* 32 characters per step. Validity: a byte is in the alphabet iff the class bits of its low
+       nibble and of its high nibble share no bit (one class bit per high-nibble row of the ASCII
+       table). Value: the byte plus an offset chosen by its high nibble ('/' moved to row 1). The
+       four 6-bit values of each dword are merged by two multiply-adds and the three bytes of every
+       dword gathered to the front. Each step stores 32 bytes for 24 decoded, so it runs only while
+       that store stays inside the output (44 characters left); the plain loop does the rest. */
+    __attribute__((target("avx2")))
+    static int fa_b64_decode_avx2(const unsigned char *src, size_t n, unsigned char *out) {
+        const __m256i lo_classes = _mm256_setr_epi8(
+            0x15, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x13, 0x1a, 0x1b, 0x1b, 0x1b, 0x1a,
+            0x15, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x13, 0x1a, 0x1b, 0x1b, 0x1b, 0x1a);
+        const __m256i hi_classes = _mm256_setr_epi8(
+            0x10, 0x10, 0x01, 0x02, 0x04, 0x08, 0x04, 0x08, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10,
+            0x10, 0x10, 0x01, 0x02, 0x04, 0x08, 0x04, 0x08, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10);
+        const __m256i offsets = _mm256_setr_epi8(
+            0, 16, 19, 4, -65, -65, -71, -71, 0, 0, 0, 0, 0, 0, 0, 0,
+            0, 16, 19, 4, -65, -65, -71, -71, 0, 0, 0, 0, 0, 0, 0, 0);
+        const __m256i gather = _mm256_setr_epi8(
+            2, 1, 0, 6, 5, 4, 10, 9, 8, 14, 13, 12, -1, -1, -1, -1,
+            2, 1, 0, 6, 5, 4, 10, 9, 8, 14, 13, 12, -1, -1, -1, -1);
+        const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 4, 5, 6, 3, 7);
+        const __m256i nibble = _mm256_set1_epi8(0x0f);
+        const __m256i slash = _mm256_set1_epi8('/');
+        __m256i bad = _mm256_setzero_si256();
+        size_t i = 0;
+        for (; i + 44 <= n; i += 32, out += 24) {
+            __m256i s = _mm256_loadu_si256((const __m256i *)(src + i));
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi32(s, 4), nibble);
+            __m256i lo = _mm256_and_si256(s, nibble);
+            bad = _mm256_or_si256(bad, _mm256_and_si256(_mm256_shuffle_epi8(lo_classes, lo),
+                                                        _mm256_shuffle_epi8(hi_classes, hi)));
+            __m256i row = _mm256_add_epi8(hi, _mm256_cmpeq_epi8(s, slash));
+            __m256i v = _mm256_add_epi8(s, _mm256_shuffle_epi8(offsets, row));
+            v = _mm256_maddubs_epi16(v, _mm256_set1_epi32(0x01400140));
+            v = _mm256_madd_epi16(v, _mm256_set1_epi32(0x00011000));
+            v = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(v, gather), lanes);
+            _mm256_storeu_si256((__m256i *)out, v);
+        }
+        if (!_mm256_testz_si256(bad, bad)) return 0;
+        return fa_b64_decode_plain(src + i, n - i, out);
+    }
+
+    static int fa_b64_simd = 0;
+
+    static void fa_b64_setup(void) {
+        fa_b64_init();
+        __builtin_cpu_init();
+        fa_b64_simd = __builtin_cpu_supports("avx2");
+    }
+
+    /* Only called where fa_b64_simd is set (the test hook aside). */
+    static int fa_b64_decode(const char *src, size_t n, char *out) {
+        return fa_b64_simd ? fa_b64_decode_avx2((const unsigned char *)src, n, (unsigned char *)out)
+                           : fa_b64_decode_plain((const unsigned char *)src, n, (unsigned char *)out);
+    }
+    #else
+    static int fa_b64_simd = 0;
+    static void fa_b64_setup(void) { fa_b64_init(); }
+    static int fa_b64_decode(const char *src, size_t n, char *out) {
+        return fa_b64_decode_plain((const unsigned char *)src, n, (unsigned char *)out);
+    }
+    #endif
+    """
+    int fa_b64_simd
+    void fa_b64_setup()
+    int fa_b64_decode(const char* src, size_t n, char* out) nogil
+    int fa_b64_decode_plain(const unsigned char* src, size_t n, unsigned char* out) nogil
+
+fa_b64_setup()
+cdef bint DECODE_IN_PLACE = fa_b64_simd
+
+
 # Events below this size are cut after dispatch (cut_b64_spans); the scan is not worth it.
 cdef Py_ssize_t STREAM_AFTER_BYTES = 4 << 20
 cdef Py_ssize_t ROUTED_KEY = 4  # index of "routed_experts" in B64_KEYS
@@ -226,6 +334,12 @@ cdef class SpanScan:
 
     cdef bint decode(self, const char* p, Py_ssize_t n) except -1:
         """Append the decoding of n characters (whole quanta); False if they are not valid."""
+        cdef Block block = self.block
+        if DECODE_IN_PLACE and p[n - 1] != 61:
+            block.reserve(n // 4 * 3)
+            if fa_b64_decode(p, n, block.ptr + block.size):
+                block.size += n // 4 * 3
+                return True
         try:
             # A view of the caller's bytes, valid for this call: no copy before decoding.
             chunk = pybase64.b64decode(PyMemoryView_FromMemory(<char*>p, n, PyBUF_READ), validate=True)
@@ -298,3 +412,31 @@ def _stream_after_bytes(n=None):
     if n is not None:
         STREAM_AFTER_BYTES = n
     return old
+
+
+def _decode_in_place(on=None):
+    """Test and debugging hook: whether whole quanta go through fastaccum's AVX2 loop (the default
+    where the CPU has AVX2) rather than pybase64 (returns the old value; never on without AVX2)."""
+    global DECODE_IN_PLACE
+    old = DECODE_IN_PLACE
+    if on is not None:
+        DECODE_IN_PLACE = bool(on) and fa_b64_simd
+    return old
+
+
+def _b64_decode(const unsigned char[::1] text not None, bint simd=True):
+    """Test hook: the streamed decoder on whole quanta (None where it refuses). simd=False runs
+    the plain loop; B64_SIMD says whether simd=True reaches the AVX2 loop on this CPU."""
+    cdef Py_ssize_t n = text.shape[0]
+    if n % 4:
+        raise ValueError("whole quanta only")
+    out = PyBytes_FromStringAndSize(NULL, n // 4 * 3)
+    cdef const unsigned char* src = &text[0] if n else <const unsigned char*>b""
+    if simd:
+        ok = fa_b64_decode(<const char*>src, n, PyBytes_AS_STRING(out))
+    else:
+        ok = fa_b64_decode_plain(src, n, <unsigned char*>PyBytes_AS_STRING(out))
+    return out if ok else None
+
+
+B64_SIMD = bool(fa_b64_simd)

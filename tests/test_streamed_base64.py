@@ -18,8 +18,19 @@ from fastaccum.wire import WireOptions, split_pieces, stream_bytes, stream_event
 pytestmark = pytest.mark.c_extension
 
 
+@pytest.fixture(params=[True, False], ids=["own-decoder", "pybase64"])
+def decoder(request: pytest.FixtureRequest) -> Iterator[None]:
+    import fastaccum._cy as cy
+
+    if request.param and not cy.B64_SIMD:
+        pytest.skip("fastaccum's own decoder needs AVX2")
+    old = cy._decode_in_place(request.param)
+    yield
+    cy._decode_in_place(old)
+
+
 @pytest.fixture(params=[0, 1, 40, 300, 5000], ids=lambda n: f"after{n}")
-def streaming(request: pytest.FixtureRequest) -> Iterator[int]:
+def streaming(request: pytest.FixtureRequest, decoder: None) -> Iterator[int]:
     import fastaccum._cy as cy
 
     old = cy._stream_after_bytes(request.param)
@@ -146,3 +157,31 @@ def test_streamed_array_is_writable_and_owned(streaming: int) -> None:
     assert result.routed_experts.flags.writeable
     assert np.array_equal(result.routed_experts, gen.routed_experts)
     result.routed_experts[0, 0, 0] = -1  # the caller may write into it
+
+
+ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+
+
+@pytest.mark.parametrize("simd", [True, False], ids=["simd", "plain"])
+def test_the_decoder_gives_pybase64s_bytes_for_whole_quanta(simd: bool) -> None:
+    import pybase64
+
+    import fastaccum._cy as cy
+
+    rng = random.Random(5)
+    for n in [*range(0, 400, 4), 4096, 65536]:  # every step count of the vector loop, and its tail
+        text = bytes(rng.choice(ALPHABET) for _ in range(n))
+        assert cy._b64_decode(text, simd) == pybase64.b64decode(text, validate=True)
+
+
+@pytest.mark.parametrize("simd", [True, False], ids=["simd", "plain"])
+def test_the_decoder_refuses_any_other_byte_at_any_position(simd: bool) -> None:
+    import fastaccum._cy as cy
+
+    others = [bytes([b]) for b in range(256) if b not in ALPHABET]  # '=' included: padding is pybase64's
+    rng = random.Random(6)
+    for n in (4, 40, 44, 48, 76, 108):
+        text = bytes(rng.choice(ALPHABET) for _ in range(n))
+        for at in range(n):
+            for other in others:
+                assert cy._b64_decode(text[:at] + other + text[at + 1 :], simd) is None, (n, at, other)
