@@ -1,8 +1,10 @@
 """Atheris harness for fastaccum's core: no crash, only StreamError escapes, and the twins agree.
 
 One fuzz input is a 4-byte header and an SSE body. The header picks the accumulator options
-(mode, max_event_bytes, expert_shape) and a seed for cutting the body into pieces (whole, single
-bytes, or random sizes up to 4 KiB). Each input runs three times: the compiled twin on the pieces,
+(mode, max_event_bytes, expert_shape), whether the compiled twin streams every event's base64
+(the threshold of its streamed decode set to 0, and its own decoder or pybase64), and a seed for
+cutting the body into pieces (whole, single bytes, or random sizes up to 4 KiB). Each input runs
+three times: the compiled twin on the pieces,
 the pure twin on the same pieces, and the compiled twin on the whole body. All three must end the
 same way: the same result, or the same error class, message and attributes, and the same
 snapshot() afterwards (nothing half-applied). Any exception that is not a StreamError is a bug.
@@ -56,6 +58,12 @@ def options(header: bytes) -> dict[str, Any]:
         "max_event_bytes": _LIMITS[(flags >> 2) & 3],
         "expert_shape": _SHAPES[(flags >> 4) & 1],
     }
+
+
+def streamed_decode(header: bytes) -> tuple[bool, bool]:
+    """Whether the compiled twin streams base64 from the first byte, and with its own decoder."""
+    flags = header[0] if header else 0
+    return bool(flags & 0x20), not flags & 0x40
 
 
 def cut(body: bytes, header: bytes) -> list[bytes]:
@@ -192,9 +200,14 @@ def check_input(data: bytes, twins: tuple[ModuleType, ModuleType] | None = None)
     header, body = data[:HEADER_BYTES], data[HEADER_BYTES:]
     kwargs = options(header)
     pieces = cut(body, header)
-    outcomes = []
-    for impl, feed in ((py, pieces), (cy, pieces), (cy, [body])):
-        outcomes.append(run_twin(impl, feed, kwargs))
+    stream_all, own_decoder = streamed_decode(header)
+    old_after = cy._stream_after_bytes(0 if stream_all else None)
+    old_decoder = cy._decode_in_place(own_decoder)
+    try:
+        outcomes = [run_twin(impl, feed, kwargs) for impl, feed in ((py, pieces), (cy, pieces), (cy, [body]))]
+    finally:
+        cy._stream_after_bytes(old_after)
+        cy._decode_in_place(old_decoder)
     reference = outcomes[0]
     for label, other in zip(("compiled twin", "compiled twin, one piece"), outcomes[1:]):
         if other != reference:

@@ -29,10 +29,13 @@ from fastaccum.wire import (
     synthetic_generation,
 )
 
-# Header flag bits: mode (0 auto, 1 cumulative, 2 incremental), limit (<<2), expert_shape (<<4).
+# Header flag bits: mode (0 auto, 1 cumulative, 2 incremental), limit (<<2), expert_shape (<<4),
+# the compiled twin's streamed base64 from the first byte (<<5), and with pybase64 only (<<6).
 AUTO, CUM, INC = 0, 1, 2
 SHAPE = 1 << 4
 LIMIT_4K = 3 << 2
+STREAMED = 1 << 5
+PYBASE64 = 1 << 6
 
 
 def header(flags: int, cutting: int = 0) -> bytes:
@@ -54,6 +57,10 @@ def seeds() -> dict[str, bytes]:
         out[f"valid-{name}"] = header(AUTO) + stream_bytes(stream_events(small, opts))
     out["valid-inc-top-p-routed"] = header(INC | SHAPE, 2) + stream_bytes(stream_events(g, inc, interval=3))
     out["valid-cum-top-p-routed"] = header(CUM | SHAPE, 3) + stream_bytes(stream_events(g, cum, interval=2))
+    out["streamed-inc-top-p-routed"] = header(INC | SHAPE | STREAMED, 2) + stream_bytes(
+        stream_events(g, inc, interval=3))
+    out["streamed-cum-top-p-routed-pybase64"] = header(CUM | SHAPE | STREAMED | PYBASE64, 3) + stream_bytes(
+        stream_events(g, cum, interval=2))
     out["valid-cum-light-checked"] = header(CUM, 1) + stream_bytes(stream_events(small, cum))
     out["valid-cum-0.5.15"] = header(AUTO) + stream_bytes(
         stream_events(small, WireOptions(version="0.5.15")), done=False)
@@ -99,6 +106,8 @@ def seeds() -> dict[str, bytes]:
                                                           top_p_token_offsets="AQAAAA==")
     out["routed-wrong-size"] = header(AUTO | SHAPE) + _edit_meta(
         normal_event(g, inc, 0, 7, terminal=True, first=True), routed_experts="AAAAAAAAAAA=")
+    out["streamed-routed-bad-char"] = header(AUTO | SHAPE | STREAMED) + _edit_meta(
+        normal_event(g, inc, 0, 7, terminal=True, first=True), routed_experts="A" * 100 + "*" + "A" * 91)
     out["oversized"] = header(AUTO | LIMIT_4K) + b"data: " + b"x" * 5000 + b"\n\n"
     out["nesting"] = header(AUTO) + b"data: " + b"[" * 1100 + b"]" * 1100 + b"\n\n"
     out["surrogate"] = header(AUTO) + b'data: {"text":"\\ud800","output_ids":[],"meta_info":{}}\n\n'
