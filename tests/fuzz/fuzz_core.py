@@ -4,10 +4,10 @@ One fuzz input is a 4-byte header and an SSE body. The header picks the accumula
 (mode, max_event_bytes, expert_shape), whether the compiled twin streams every event's base64
 (the threshold of its streamed decode set to 0, and its own decoder or pybase64), and a seed for
 cutting the body into pieces (whole, single bytes, or random sizes up to 4 KiB). Each input runs
-three times: the compiled twin on the pieces,
-the pure twin on the same pieces, and the compiled twin on the whole body. All three must end the
-same way: the same result, or the same error class, message and attributes, and the same
-snapshot() afterwards (nothing half-applied). Any exception that is not a StreamError is a bug.
+three times: the compiled twin on the pieces, the pure twin on the same pieces, and the compiled
+twin on the whole body. All three must end the same way: the same result, or the same error
+class, message and attributes, and the same snapshot() afterwards (nothing half-applied). Any
+exception that is not a StreamError is a bug.
 
 Besides libFuzzer's byte mutations, a custom mutator edits the body as SSE and JSON: it swaps a
 JSON value for a hostile one (wrong type, 2**63, nesting, surrogates), nudges numbers, corrupts
