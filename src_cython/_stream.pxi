@@ -253,27 +253,23 @@ cdef class SpanScan:
         p may run past the end of the line: whole quanta are validated by the decoder, which
         refuses a CR or LF (and a backslash, a quote or a misplaced '='), and the few characters
         of a partial quantum are checked here, so a line end is never consumed."""
-        cdef Py_ssize_t i = (4 - self.tail_len) & 3  # characters completing a partial quantum
-        cdef Py_ssize_t whole = (n - offset - i) // 4 * 4
+        cdef Py_ssize_t taken, whole
+        cdef Py_ssize_t i = min((4 - self.tail_len) & 3, n - offset)  # closing an open quantum
         p += offset
         n -= offset
-        # Most pieces lie wholly inside the value. Decoding their whole quanta before any quote
-        # search reads each piece once instead of twice; the decoder refuses the piece that holds
-        # the closing quote (or anything else unusual), which then takes the search below.
-        if whole > 0 and not self.tail_padded and p[i + whole - 1] != 61 and _plain_chars(p, i):
-            if i:
-                memcpy(self.tail + self.tail_len, p, i)
-                self.tail_len = 4
-                if not self.decode(self.tail, 4):
-                    self.destream(data)
-                    return i
-                self.tail_len = 0
-                self.consumed += i
-            if self.decode(p + i, whole):
+        # The characters that close the quantum the previous piece left open are taken the usual
+        # way. After them most pieces lie wholly inside the value: decoding their whole quanta
+        # before any quote search reads each piece once instead of twice; the decoder refuses the
+        # piece that holds the closing quote (or anything else unusual), which the search takes.
+        taken = self._take_searched(data, p, i) if i else 0
+        if self.streaming and self.tail_len == 0:
+            whole = (n - taken) // 4 * 4
+            if whole and p[taken + whole - 1] != 61 and self.decode(p + taken, whole):
                 self.consumed += whole
-                i += whole
-            return i + self._take_searched(data, p + i, n - i)
-        return self._take_searched(data, p, n)
+                taken += whole
+        if self.streaming and taken < n:
+            taken += self._take_searched(data, p + taken, n - taken)
+        return taken
 
     cdef Py_ssize_t _take_searched(self, bytearray data, const char* p, Py_ssize_t n) except -1:
         """take() of p[:n], finding the closing quote first."""
@@ -369,15 +365,6 @@ cdef class SpanScan:
         cdef Py_ssize_t at = self.value_start
         encoded = pybase64.b64encode(memoryview(self.block)[: self.block.size])
         return bytes(data[:at]) + encoded + bytes(data[at:])
-
-
-cdef inline bint _plain_chars(const char* p, Py_ssize_t n):
-    """No quote, '=', CR or LF in p[:n] (the decoder judges the rest)."""
-    cdef Py_ssize_t k
-    for k in range(n):
-        if p[k] == 34 or p[k] == 61 or p[k] == 10 or p[k] == 13:
-            return False
-    return True
 
 
 cdef int _bytearray_extend(bytearray data, bytes more) except -1:

@@ -112,11 +112,14 @@ def test_a_piece_boundary_anywhere_near_an_unusual_character(streaming: int, out
     key = b'"routed_experts":"'
     at = data.index(key) + len(key) + 16
     mutated = data[:at] + unusual + data[at:]
+    close = mutated.index(b'"', at + len(unusual))  # the original closing quote
     for cut in range(at - 6, at + len(unusual) + 6):
-        pieces = [mutated[:cut], mutated[cut : cut + 64], mutated[cut + 64 :]]
-        for shape in (None, (3, 2)):
-            outcomes.assert_same(outcomes.run(cy, pieces, expert_shape=shape),
-                                 outcomes.run(py, pieces, expert_shape=shape))
+        # the next piece 64 bytes long, or running up to the closing quote (the last piece opens with it)
+        for second in (cut + 64, max(cut, close)):
+            pieces = [mutated[:cut], mutated[cut:second], mutated[second:]]
+            for shape in (None, (3, 2)):
+                outcomes.assert_same(outcomes.run(cy, pieces, expert_shape=shape),
+                                     outcomes.run(py, pieces, expert_shape=shape))
 
 
 @pytest.mark.parametrize(
