@@ -374,7 +374,7 @@ def test_200_concurrent_streams_with_random_aborts(twin: ModuleType) -> None:
     plans: list[tuple[str, str, int, float]] = []  # (rid, kind, max_new_tokens, seconds or event index)
     for i in range(200):
         kind = rng.choice(["full", "full", "timed", "midway"])
-        when = rng.randrange(1, 8) if kind == "midway" else rng.uniform(0.0, 0.15)  # 50 tokens: 13 events
+        when = rng.randrange(1, 8) if kind == "midway" else rng.uniform(0.0, 0.15)  # 50 tokens: 14 events
         plans.append((f"c-{i:03d}-", kind, rng.randrange(50, 400), when))
 
     async def main() -> list[StreamResult]:
