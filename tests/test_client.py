@@ -383,17 +383,16 @@ def test_200_concurrent_streams_with_random_aborts(twin: ModuleType) -> None:
             async with aiohttp.ClientSession(timeout=STREAM_TIMEOUT, connector=connector) as session:
 
                 async def one(rid: str, kind: str, n: int, when: float) -> StreamResult:
-                    if kind != "midway":
-                        stream = GenerateStream(session, f"{url}/generate", payload(rid, n))
-                        if kind == "timed":
-                            asyncio.get_running_loop().call_later(when, stream.abort)
-                        return await stream.run()
-                    stall = {"kind": "stall", "at": when, "seconds": 60}
-                    stream = GenerateStream(session, f"{url}/generate", payload(rid, n, fastaccum_fault=stall))
+                    body = payload(rid, n)
+                    if kind == "midway":
+                        body["fastaccum_fault"] = {"kind": "stall", "at": when, "seconds": 60}
+                    stream = GenerateStream(session, f"{url}/generate", body)
+                    if kind == "timed":
+                        asyncio.get_running_loop().call_later(when, stream.abort)
                     task = asyncio.ensure_future(stream.run())
-                    while not task.done() and stream.events < when:
-                        await asyncio.sleep(0.002)
-                    stream.abort()
+                    if kind == "midway":  # it may first wait in the queue: bounded by the stall, not 5 s
+                        await wait_until(lambda: task.done() or stream.events >= when, timeout=60)
+                        stream.abort()
                     return await task
 
                 results = await asyncio.gather(*(one(*plan) for plan in plans))
