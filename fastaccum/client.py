@@ -8,7 +8,7 @@ This module does I/O only: every byte is interpreted by the accumulator.
 Errors: HTTP status >= 400 is ``ServerError`` (status and body); failing to connect or to get the
 response headers is ``StreamConnectionError``; ``read_timeout`` seconds without a byte is
 ``StreamTimeoutError``. A connection that breaks mid-body counts as end of input: the accumulator
-then decides (``StreamTruncatedError`` unless the terminal event had arrived, §14.7).
+then decides (``StreamTruncatedError`` unless the terminal event had arrived).
 
 Session timeouts: aiohttp's default ``ClientTimeout`` has ``total=300``, which would kill a long
 rollout. ``GenerateStream`` keeps the session's ``total``/``connect`` settings and replaces only
@@ -26,12 +26,12 @@ from typing import Any
 import aiohttp
 
 from fastaccum._impl import StreamAccumulator
-from fastaccum.errors import ServerError, StreamConnectionError, StreamTimeoutError
+from fastaccum.errors import ServerError, StreamConnectionError, StreamError, StreamTimeoutError
 from fastaccum.result import StreamResult
 
 __all__ = ("GenerateStream", "StreamConsumer", "consume", "STREAM_TIMEOUT")
 
-# SGLang sends no heartbeats: queueing or a long prefill can mean minutes of silence (§1).
+# SGLang sends no heartbeats: queueing or a long prefill can mean minutes of silence.
 STREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=None)
 # An HTTP error body is quoted in the exception message up to this many characters.
 _ERROR_BODY_CHARS = 2000
@@ -115,6 +115,9 @@ class StreamConsumer:
         try:
             return await self._read()
         except asyncio.CancelledError:
+            # Bytes the transport already holds arrived before the cancel: they belong to the
+            # prefix, whoever cancelled (a rollout abort reads the prefix after the cancel).
+            self._feed_buffered()
             if not self._abort_cancel_pending:
                 raise  # the caller's cancellation: not ours to swallow
             self._abort_cancel_pending = False
@@ -127,12 +130,21 @@ class StreamConsumer:
             self._task = None
             self._close()
 
-    def _aborted_result(self) -> StreamResult:
+    def kept(self) -> StreamResult:
+        """What a cut keeps: the complete result if the terminal event already arrived
+        (``aborted=False``), else the observed prefix (``aborted=True``). Never raises."""
         if self._accumulator.finished:
-            # The terminal event won the race with abort(): the result is complete.
+            try:
+                return self._accumulator.finish()
+            except StreamError:
+                pass  # bytes after the terminal event: keep what was verified, as for any cut
+        return dataclasses.replace(self._accumulator.snapshot(), aborted=True)
+
+    def _aborted_result(self) -> StreamResult:
+        result = self.kept()
+        if not result.aborted:  # the terminal event won the race with abort()
             self._abort_requested = False
-            return self._accumulator.finish()
-        return self.snapshot()
+        return result
 
     # ---- I/O -----------------------------------------------------------------------------------
     async def _read(self) -> StreamResult:
@@ -146,6 +158,9 @@ class StreamConsumer:
         async for piece in pieces:
             self._bytes_received += len(piece)
             self._events += feed(piece)
+
+    def _feed_buffered(self) -> None:
+        """Feed what the transport has already received but not yet handed over (no await)."""
 
     def _close(self) -> None:
         """Release transport resources once run() ends; the iterator's owner closes its transport."""
@@ -223,6 +238,17 @@ class GenerateStream(StreamConsumer):
         except aiohttp.ClientConnectionError:
             pass  # the connection dropped between chunks: again end of input
         return self._accumulator.finish()
+
+    def _feed_buffered(self) -> None:
+        response = self._response
+        if response is None:
+            return
+        try:
+            while piece := response.content.read_nowait():
+                self._bytes_received += len(piece)
+                self._events += self._accumulator.feed(piece)
+        except (StreamError, aiohttp.ClientError, RuntimeError):
+            pass  # a broken body or a bad event ends the drain; the snapshot keeps what verified
 
     def _close(self) -> None:
         response, self._response = self._response, None
