@@ -25,6 +25,10 @@ server's ``fault`` option, a dict ``{"kind": …, "at": event index (default 1),
   merged (``wire.coalesce``), cumulative frames dropped
 - ``zero_token_terminal``: the terminal event carries no new token
 - ``split``: every event is written in pieces of ``size`` bytes (default 7)
+- ``retract``: before event ``at`` the request is retracted (it stops decoding and keeps its
+  output, as under memory pressure); an ``/abort_request`` then ends it with the abort echo chunk
+  holding every token decoded so far; without one, it stays silent for ``seconds`` (default 30)
+- ``strip_keys``: every event's ``meta_info`` lacks the listed ``keys``
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ __all__ = ("Emulator", "EmulatorStats", "FAULT_KEY", "FAULT_KINDS", "ABORT_REASO
 FAULT_KEY = "fastaccum_fault"
 FAULT_KINDS = (
     "error_event", "malformed_json", "cut", "http_500", "stall", "coalesce", "zero_token_terminal", "split",
+    "retract", "strip_keys",
 )
 # finish_reason of a running request ended by /abort_request (§4.4).
 ABORT_REASON: dict[str, Any] = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
@@ -65,6 +70,8 @@ class EmulatorStats:
     disconnects: int = 0  # streams the client left before their terminal event
     disconnected_rids: list[str] = dataclasses.field(default_factory=list)
     tokens: int = 0  # decoded tokens, all requests
+    # rid -> completion tokens of the newest event whose write returned (streams only)
+    written: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -189,6 +196,11 @@ class Emulator:
     @property
     def running(self) -> int:
         return len(self._running)
+
+    @property
+    def retracted(self) -> int:
+        """Requests stopped by the ``retract`` fault and waiting for an abort."""
+        return sum(1 for r in self._running if r.state == "retracted")
 
     @property
     def queued(self) -> int:
@@ -493,8 +505,13 @@ class Emulator:
             req.state = "done"
             return resp
 
+        strip = tuple(fault.get("keys", ())) if kind == "strip_keys" else ()
+
         async def emit(index: int, event: dict[str, Any]) -> None:
             if index == at and kind is not None:
+                if kind == "retract":
+                    await self._retract(req, write, float(fault.get("seconds", 30.0)))
+                    raise _StreamEnded
                 if kind == "stall":
                     await asyncio.sleep(float(fault.get("seconds", 1.0)))
                 elif kind == "error_event":
@@ -508,7 +525,10 @@ class Emulator:
                     data = wire.sse(event)
                     await write(data[: len(data) // 2])
                     raise _ConnectionCut
+            for key in strip:
+                event["meta_info"].pop(key, None)
             await write(wire.sse(event))
+            self.stats.written[req.rid] = event["meta_info"].get("completion_tokens", 0)
 
         try:
             await self._drain(req, emit)
@@ -529,6 +549,19 @@ class Emulator:
         self.stats.completed += 1
         await resp.write_eof()
         return resp
+
+    async def _retract(self, req: _Request, write: Callable[[bytes], Awaitable[None]], seconds: float) -> None:
+        """Stop decoding and keep the output; an abort ends the stream with the echo chunk."""
+        if req.decoder is not None:
+            req.decoder.cancel()
+        req.state = "retracted"
+        deadline = asyncio.get_running_loop().time() + seconds
+        while not req.abort_requested and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.005)
+        if req.abort_requested:
+            await write(wire.sse(wire.echo_event(req.gen, req.opts, req.produced)) + wire.DONE)
+            self.stats.written[req.rid] = req.produced
+        req.state = "done"
 
     async def _non_stream(self, req: _Request) -> web.Response:
         await req.admitted.wait()
