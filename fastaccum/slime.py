@@ -7,18 +7,22 @@ Enable it with slime's own flags (docs/slime.md)::
     [--sglang-incremental-streaming-output]                       # must match the servers
 
 ``generate`` streams one ``/generate`` request per call through ``GenerateStream`` and commits onto
-the ``Sample`` once: at the terminal event, or with the observed prefix when fastaccum (or slime's
-own request-level abort) deliberately cancelled it. Every other cancellation propagates, and every
-stream error raises: nothing is committed, so a rollout never trains on a silently cut sample.
+the ``Sample`` once: at the terminal event, or with the observed prefix when a rollout abort cut
+it. Every other cancellation propagates and every stream error raises, with nothing committed, so a
+rollout never trains on a silently cut sample.
 
-``generate_rollout`` delegates to slime's rollout with slime's module-level ``abort`` swapped for
-``request_abort``: request-abortable streams are cancelled one by one (closing the connection is
-SGLang's abort signal), the server-wide abort runs only while server-abort generations are active
-(top-p replay, ``fastaccum_abort_mode: server``), and groups are buffered for partial rollout only
-when an aborted sample in them kept a prefix. slime builds with request-level abort in-tree
-(``GenerateState.cancellable_tasks``) run their own lifecycle; ``generate`` registers there instead.
+slime comes in two lines, told apart by ``GenerateState`` (docs/slime.md, "Two slime lines"):
 
-The contract this follows is ../shared/docs/slime-integration.md (§N below refers to it).
+- **stock** (no request-level abort in slime): ``generate_rollout`` swaps slime's module-level
+  ``abort`` for ``request_abort``, which cancels fastaccum's streams one by one (closing the
+  connection is SGLang's abort signal), buffers only groups that kept a prefix, and waits until
+  the servers are idle;
+- **request-abort in slime** (``GenerateState.cancellable_tasks``): slime's own ``abort()`` cancels
+  the task running each sample, so ``generate`` commits the observed prefix synchronously before
+  the ``CancelledError`` leaves it; ``request_abort`` runs slime's abort, then waits until idle.
+
+On both, calls that need the terminal chunk (top-p replay, ``fastaccum_abort_mode: server``) are
+stopped by the server-wide abort instead, whose terminal chunk carries the full top-p rows.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ __all__ = ("generate", "generate_rollout", "request_abort")
 
 logger = logging.getLogger(__name__)
 
-# The finish_reason types slime maps to a status (§4.1); anything else would leave a resumed sample
+# The finish_reason types slime maps to a status; anything else would leave a resumed sample
 # ABORTED or a new one PENDING, so it is refused.
 _FINISH_TYPES = ("stop", "length", "abort")
 # Control calls (/workers, /server_info, /v1/loads) answer at once on a live server.
@@ -155,7 +159,7 @@ def _registry() -> _Registry:
 
 
 def _session(args: Any) -> aiohttp.ClientSession:
-    """This loop's aiohttp session (sessions are loop-bound), sized like slime's own client (§10)."""
+    """This loop's aiohttp session (sessions are loop-bound), sized like slime's own client."""
     registry = _registry()
     if registry.session is None or registry.session.closed:
         limit = int(getattr(args, "sglang_server_concurrency", 0) or 0) * _num_engines(args)
@@ -192,7 +196,7 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], eval
 
     prompt_ids = sr.rollout._prepare_prompt_ids(sample, state.tokenizer, state.processor)
     budget = sampling_params["max_new_tokens"] - sample.response_length
-    if budget < 0:  # a resume that overran its budget (THUDM/slime#2260): never send a negative one
+    if budget < 0:  # a resume that overran its budget (older slime): never send a negative one
         raise ValueError(
             f"max_new_tokens {sampling_params['max_new_tokens']} < response_length {sample.response_length}"
         )
@@ -202,7 +206,7 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], eval
         return sample
 
     payload: dict[str, Any] = {
-        "rid": _new_rid(sample),  # SGLang aborts rids by prefix (§3): fixed-length, never a prefix
+        "rid": _new_rid(sample),  # SGLang aborts rids by prefix: fixed-length, never a prefix
         "sampling_params": sampling_params,
         "return_logprob": True,
         "stream": True,
@@ -210,7 +214,7 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], eval
     routing_replay = bool(getattr(args, "use_rollout_routing_replay", False))
     if routing_replay:
         # No routed_experts_start_len: the server recomputes routing for prompt + partial + new on
-        # every call and slime overwrites, so a request-cancelled prefix needs no routing (§8).
+        # every call and slime overwrites, so a request-cancelled prefix needs no routing.
         payload["return_routed_experts"] = True
     images = sample.multimodal_inputs.get("images") if sample.multimodal_inputs else None
     if images:
@@ -239,10 +243,17 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], eval
         read_timeout=settings.read_timeout,
     )
     # Top-p rows arrive only in the terminal event, so a cancelled prefix could never carry them:
-    # such calls are stopped by the server-wide abort, whose terminal chunk has the full CSR (§7).
+    # such calls are stopped by the server-wide abort, whose terminal chunk has the full CSR.
     server_abort = settings.abort_mode == "server" or getattr(args, "rollout_top_p", 1.0) != 1.0
     if _has_in_tree_request_abort(state):
-        result = await _run_in_tree(state, stream, server_abort=server_abort)
+        if server_abort:
+            with _opted_out_of_request_cancel(state):
+                result = await _run_checked(state, stream)
+        else:
+            outcome = await _run_cancellable(args, sample, state, stream)
+            if outcome is None:  # committed whole: the terminal event beat slime's abort
+                return sample
+            result = outcome
     elif server_abort:
         result = await _run_server_abortable(state, stream)
     else:
@@ -289,75 +300,73 @@ async def _run_server_abortable(state: Any, stream: GenerateStream) -> StreamRes
 
 
 def _has_in_tree_request_abort(state: Any) -> bool:
-    """slime builds with request-level abort in-tree (THUDM/slime#2272) carry these on GenerateState."""
+    """slime builds that cancel request-abort generate calls themselves carry these on GenerateState."""
     return hasattr(state, "cancellable_tasks") and hasattr(state, "active_server_generations")
 
 
-async def _run_in_tree(state: Any, stream: GenerateStream, *, server_abort: bool) -> StreamResult:
-    """Cooperate with slime's own request-level abort (§ Newer slime; inferred, see docs/slime.md).
+async def _run_checked(state: Any, stream: GenerateStream) -> StreamResult:
+    if state.aborted:  # the rollout is already being aborted: send nothing
+        stream.abort()
+    return await stream.run()
 
-    Request-abortable calls run the stream in an inner task registered in
-    ``state.cancellable_tasks``: slime's abort cancels that task, and only that cancellation (the
-    inner task cancelled while this task is not being cancelled) becomes the observed prefix.
-    Server-abort calls are counted in ``state.active_server_generations``.
+
+async def _run_cancellable(args: Any, sample: Any, state: Any, stream: GenerateStream) -> StreamResult | None:
+    """Run a request-abortable call under slime's own abort, which cancels the task running it.
+
+    slime registers that task in ``state.cancellable_tasks`` before this call starts, and its
+    ``abort()`` removes it from the set, then cancels it. Exactly that cancellation is a cut:
+    the prefix is committed here, synchronously, so the sample holds it when the ``CancelledError``
+    reaches slime's wrapper (which marks the sample ABORTED). Returns None when the abort came
+    after the terminal event: the result is then committed here and the cancel withdrawn.
     """
-    if server_abort:
-        with _counted(state):
-            if state.aborted:
-                stream.abort()
-            return await stream.run()
-    inner = asyncio.get_running_loop().create_task(stream.run())
-    _collection_add(state.cancellable_tasks, inner)
+    task = asyncio.current_task()
+    registered = task is not None and task in state.cancellable_tasks
     try:
-        if state.aborted:
-            stream.abort()
-        try:
-            return await inner
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if inner.cancelled() and current is not None and current.cancelling() == 0:
-                return dataclasses.replace(stream.snapshot(), aborted=True)
+        return await _run_checked(state, stream)
+    except asyncio.CancelledError:
+        cut_by_abort = (
+            task is not None
+            and registered
+            and state.aborted
+            and task not in state.cancellable_tasks
+            and task.cancelling() == 1  # a caller's own cancel on top makes it theirs
+        )
+        if not cut_by_abort:
             raise
-    finally:
-        _collection_discard(state.cancellable_tasks, inner)
+        kept = stream.kept()
+        if kept.aborted:
+            _commit_prefix(args, sample, kept, state.tokenizer)
+            raise
+    # The terminal event won the race with the abort: the sample is complete, and re-raising would
+    # make slime's wrapper mark a finished sample ABORTED and resume it past its end.
+    assert task is not None
+    task.uncancel()
+    _commit_terminal(args, sample, kept, state.tokenizer)
+    return None
 
 
 @contextlib.contextmanager
-def _counted(state: Any) -> Iterator[None]:
-    """Count this call in ``state.active_server_generations`` (an int, or a collection of tasks)."""
-    counter, token = state.active_server_generations, asyncio.current_task()
-    if isinstance(counter, int):
-        state.active_server_generations += 1
-    else:
-        _collection_add(counter, token)
+def _opted_out_of_request_cancel(state: Any) -> Iterator[None]:
+    """Leave slime's cancel set while a call that needs its terminal chunk runs.
+
+    Counted in ``active_server_generations`` instead, so slime's ``abort()`` aborts server-wide
+    and the stream ends with the terminal abort chunk. The task goes back into the set afterwards,
+    so that slime's wrapper still tells a caller's own cancel from an abort.
+    """
+    task = asyncio.current_task()
+    registered = task is not None and task in state.cancellable_tasks
+    if registered:
+        state.cancellable_tasks.discard(task)
+    state.active_server_generations += 1
     try:
         yield
     finally:
-        if isinstance(counter, int):
-            state.active_server_generations -= 1
-        else:
-            _collection_discard(counter, token)
+        state.active_server_generations -= 1
+        if registered:
+            state.cancellable_tasks.add(task)
 
 
-def _collection_add(collection: Any, item: Any) -> None:
-    if isinstance(collection, dict):
-        collection[item] = None
-    elif hasattr(collection, "add"):
-        collection.add(item)
-    else:
-        collection.append(item)
-
-
-def _collection_discard(collection: Any, item: Any) -> None:
-    if isinstance(collection, dict):
-        collection.pop(item, None)
-    elif hasattr(collection, "discard"):
-        collection.discard(item)
-    elif item in collection:
-        collection.remove(item)
-
-
-# ---- commits (§5: one append_response_tokens call per generate call) -----------------------------
+# ---- commits (one append_response_tokens call per generate call) -------------------------------
 def _call_tokens(result: StreamResult) -> tuple[list[int], list[float]]:
     tokens = result.token_ids.tolist()
     if not tokens:
@@ -384,7 +393,7 @@ def _commit_terminal(args: Any, sample: Any, result: StreamResult, tokenizer: An
         raise StreamFormatError("stream ended without a finish_reason")
     kind = reason.get("type")
     if kind == "abort" and reason.get("status_code") is not None:
-        # A validation failure or a server timeout, not a pause or abort: fail the rollout (§9.4).
+        # A validation failure or a server timeout, not a pause or abort: fail the rollout.
         raise ServerError(
             f"SGLang aborted the request with status {reason.get('status_code')}: {reason.get('message')}",
             status=reason.get("status_code"),
@@ -431,7 +440,7 @@ def _commit_prefix(args: Any, sample: Any, result: StreamResult, tokenizer: Any)
     sample.status = _slime().Sample.Status.ABORTED
 
 
-# ---- mode check (§9) ---------------------------------------------------------------------------
+# ---- mode check --------------------------------------------------------------------------------
 async def _check_server_mode(args: Any, settings: _Settings, session: aiohttp.ClientSession) -> None:
     """Fail before the first request when the servers stream in the other mode.
 
@@ -491,7 +500,7 @@ async def _get_json(session: aiohttp.ClientSession, url: str) -> Any:
         return None
 
 
-# ---- the rollout function and request-level abort (§6.2) ---------------------------------------
+# ---- the rollout function and request-level abort ----------------------------------------------
 _swap_lock = threading.Lock()
 _stock_abort: Any = None
 
@@ -499,15 +508,12 @@ _stock_abort: Any = None
 def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
     """slime's rollout function with request-level abort; delegates to slime's ``generate_rollout``.
 
-    Evaluation never aborts and is delegated unchanged; so is everything on slime builds that run
-    request-level abort in-tree.
+    slime's module-level ``abort`` is swapped for ``request_abort`` while the rollout runs, on both
+    slime lines, and restored afterwards. Evaluation never aborts and is delegated unchanged.
     """
     sr = _slime()
     if evaluation:
         return sr.rollout.generate_rollout(args, rollout_id, data_source, evaluation=True)
-    state = sr.rollout.GenerateState(args)
-    if _has_in_tree_request_abort(state):
-        return sr.rollout.generate_rollout(args, rollout_id, data_source, evaluation=False)
     if _generate_is_fastaccum(args):
         # Mode mismatches fail here, before the first rollout sends anything.
         sr.async_utils.run(_check_mode_for_rollout(args))
@@ -526,7 +532,7 @@ def _generate_is_fastaccum(args: Any) -> bool:
 
 @contextlib.contextmanager
 def _abort_swapped(rollout_module: Any) -> Iterator[None]:
-    """Swap slime's module-level ``abort`` for ``request_abort`` (looked up at call time, §6.2)."""
+    """Swap slime's module-level ``abort`` for ``request_abort`` (looked up at call time)."""
     global _stock_abort
     with _swap_lock:
         previous = rollout_module.abort
@@ -546,7 +552,10 @@ def _original_abort() -> Any:
 
 
 async def request_abort(args: Any, rollout_id: int) -> list[list[Any]]:
-    """Abort the rollout's in-flight work and return the groups to buffer for partial rollout."""
+    """Abort the rollout's in-flight work and return the groups to buffer for partial rollout.
+
+    When it returns, every cut stream's connection is closed and the servers are idle.
+    """
     sr = _slime()
     path = getattr(args, "custom_generate_function_path", None)
     if not path or getattr(sr.misc.load_function(path), "abort_mode", None) != "request":
@@ -555,6 +564,15 @@ async def request_abort(args: Any, rollout_id: int) -> list[list[Any]]:
         return stock
     settings = _Settings.from_args(args)
     state = sr.rollout.GenerateState(args)
+    if _has_in_tree_request_abort(state):
+        # slime cancels the request-abort calls itself (generate commits each prefix as it is
+        # cancelled) and buffers the same groups; it only does not wait for the servers, which
+        # notice a closed connection at their next write and may still be decoding.
+        server_wide = state.active_server_generations > 0
+        in_tree: list[list[Any]] = await _original_abort()(args, rollout_id)
+        if not server_wide:
+            await _wait_until_idle(args, settings)
+        return in_tree
     assert not state.aborted, "request_abort called twice in one rollout"
     state.aborted = True  # before the first await: generate calls starting from now stop at once
     registry = _registry()
@@ -563,7 +581,7 @@ async def request_abort(args: Any, rollout_id: int) -> list[list[Any]]:
     server_wide = registry.server_generations > 0
     if server_wide:
         # Top-p replay (or fastaccum_abort_mode: server) is on: those streams must end with their
-        # terminal abort chunk, which only the server-wide abort produces (§7).
+        # terminal abort chunk, which only the server-wide abort produces.
         await sr.server_control.abort_servers_until_idle(await _worker_urls(args))
 
     groups: list[list[Any]] = []

@@ -1,9 +1,11 @@
-"""The slime adapter scenarios against a real THUDM/slime checkout and the double, side by side.
+"""The slime adapter scenarios against real THUDM/slime checkouts and the double, side by side.
 
-Skipped unless ``FASTACCUM_SLIME_PATH`` points at a slime source tree (a work tree exported outside
-this repository; slime is not on PyPI and its code is never committed here). Running the same
-scenarios on both is what keeps tests/slime_double faithful. Needs torch 2.13.0 (CPU), httpx,
-pybase64, numpy, tqdm, pillow and pylatexenc; ray, sglang_router and transformers are stubbed.
+Skipped unless ``FASTACCUM_SLIME_PATH`` points at one or more slime source trees (separated by
+``os.pathsep``; work trees exported outside this repository: slime is not on PyPI and its code is
+never committed here), for example stock slime and a build with request-level abort
+(docs/slime.md, "Two slime lines"). Running the same scenarios on both is what keeps
+tests/slime_double faithful. Needs torch 2.13.0 (CPU), httpx, pybase64, numpy, tqdm, pillow and
+pylatexenc; ray, sglang_router and transformers are stubbed.
 """
 
 from __future__ import annotations
@@ -41,11 +43,15 @@ def _load_harness() -> ModuleType:
 harness = _load_harness()
 
 
-@pytest.fixture(scope="module", params=["double", "real"])
+SLIME_ROOTS = [str(Path(p).resolve()) for p in SLIME_PATH.split(os.pathsep) if p]
+ENVS = [("double", harness.DOUBLE_ROOT, line) for line in harness.LINES] + [("real", r, None) for r in SLIME_ROOTS]
+
+
+@pytest.fixture(scope="module", params=ENVS, ids=[f"{k}-{line or Path(root).name}" for k, root, line in ENVS])
 def env(request: pytest.FixtureRequest) -> Any:
-    root = harness.DOUBLE_ROOT if request.param == "double" else str(Path(SLIME_PATH).resolve())
-    with harness.slime_env(request.param, root) as loaded:
-        if request.param == "real":
+    kind, root, line = request.param
+    with harness.slime_env(kind, root, line) as loaded:
+        if kind == "real":
             pytest.importorskip("slime.utils.types")
             assert Path(loaded.rollout.__file__).resolve().is_relative_to(Path(root)), "not the checkout's slime"
         yield loaded
@@ -57,10 +63,10 @@ def test_scenario(env: Any, scenario: Any, kwargs: dict[str, Any]) -> None:
 
 
 # ---- slime's own plugin contract tests, pointed at fastaccum -------------------------------------
-def _contract(test_file: str, variable: str, value: str, deselect: str) -> subprocess.CompletedProcess[str]:
+def _contract(root: str, test_file: str, variable: str, value: str, deselect: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, **{variable: value})
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(SLIME_PATH).resolve()), env.get("PYTHONPATH", "")])
-    path = Path(SLIME_PATH) / "tests" / "plugin_contracts" / test_file
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    path = Path(root) / "tests" / "plugin_contracts" / test_file
     command = [sys.executable, "-P", "-m", "pytest", "-q", "-p", "no:cacheprovider", str(path), "-k", f"not {deselect}"]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
 
@@ -74,9 +80,10 @@ def _contract(test_file: str, variable: str, value: str, deselect: str) -> subpr
          "fastaccum.slime.generate_rollout", "test_rollout_function_path_contract_supports_user_override"),
     ],
 )
-def test_slime_plugin_contracts(test_file: str, variable: str, value: str, runtime_test: str) -> None:
+@pytest.mark.parametrize("root", SLIME_ROOTS, ids=[Path(r).name for r in SLIME_ROOTS])
+def test_slime_plugin_contracts(root: str, test_file: str, variable: str, value: str, runtime_test: str) -> None:
     """Every contract test passes; the one that runs the plugin with a minimal Args and no server
     (generate) or ``args=None`` (rollout) is deselected: a network-bound plugin can meet only its
     signature part, which scenario ``signatures`` checks (docs/slime.md, known limits)."""
-    done = _contract(test_file, variable, value, runtime_test)
+    done = _contract(root, test_file, variable, value, runtime_test)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import importlib
 import sys
 import threading
+import time
 import types
 from collections import Counter
 from collections.abc import Iterator
@@ -45,7 +47,7 @@ class FakeTokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return [1000 + (sum(map(ord, word)) % 5000) for word in text.split()]
 
-    def decode(self, ids: Any) -> str:
+    def decode(self, ids: Any, **options: Any) -> str:
         FakeTokenizer.decodes += 1
         return "".join(f"<{int(i)}>" for i in ids)
 
@@ -86,6 +88,7 @@ def _purge_slime() -> None:
 class SlimeEnv:
     kind: str  # "double" | "real"
     root: str
+    line: str  # "stock" | "request-abort" (docs/slime.md, "Two slime lines")
     rollout: Any
     misc: Any
     http_utils: Any
@@ -104,8 +107,13 @@ class SlimeEnv:
         REWARDS.clear()
 
 
+LINES = ("stock", "request-abort")
+
+
 @contextlib.contextmanager
-def slime_env(kind: str, root: str) -> Iterator[SlimeEnv]:
+def slime_env(kind: str, root: str, line: str | None = None) -> Iterator[SlimeEnv]:
+    """slime's modules from ``root``. The double models the ``line`` asked for; a real checkout
+    is the line it is (a build with request-level abort has ``_run_request_abortable_generate``)."""
     stubs = install_stubs()
     _purge_slime()
     sys.path.insert(0, root)
@@ -115,7 +123,12 @@ def slime_env(kind: str, root: str) -> Iterator[SlimeEnv]:
         from slime.utils import async_utils, http_utils, misc
         from slime.utils.types import Sample
 
-        env = SlimeEnv(kind, root, sglang_rollout, misc, http_utils, async_utils, server_control, Sample)
+        if kind == "double":
+            assert line in LINES, line
+            sglang_rollout.REQUEST_ABORT = line == "request-abort"
+        else:
+            line = "request-abort" if hasattr(sglang_rollout, "_run_request_abortable_generate") else "stock"
+        env = SlimeEnv(kind, root, line, sglang_rollout, misc, http_utils, async_utils, server_control, Sample)
         yield env
         env.run(fs.close_session())
         if http_utils._http_client is not None:
@@ -139,6 +152,15 @@ class RouterEmulator(Emulator):
 
     async def _workers(self, request: web.Request) -> web.Response:
         return web.json_response({"workers": [{"url": self.url}]})
+
+    def _make_request(self, body: dict[str, Any], fault: dict[str, Any]) -> Any:
+        # Generate functions that send no rid (slime's own) get a fixed one, so their token
+        # stream is known in advance like fastaccum's.
+        body.setdefault("rid", UNNAMED_RID)
+        return super()._make_request(body, fault)
+
+
+UNNAMED_RID = "unnamed-000"
 
 
 @contextlib.contextmanager
@@ -170,7 +192,7 @@ async def count_reward(args: Any, sample: Any) -> float:
 
 @dataclasses.dataclass
 class Wiring:
-    """Names every request ``s<index>a<attempt>`` (fixed width: never a prefix of another rid, §3)
+    """Names every request ``s<index>a<attempt>`` (fixed width: never a prefix of another rid)
     and applies per-rid plans: ``{"stop_at": k}`` (a stop token at position k) or ``{"fault": {...}}``."""
 
     emulator: Emulator
@@ -360,6 +382,22 @@ async def _start_and_wait(emu: Emulator, coro: Any, tokens: int) -> asyncio.Task
     return task
 
 
+def generate_and_rm(env: SlimeEnv, args: Any, sample: Any) -> Any:
+    """One sample the way slime's rollout runs it (on a request-abort line: inside the wrapper
+    that registers the task for abort's cancel)."""
+    return env.rollout.generate_and_rm(args, sample, sampling_params(env, args))
+
+
+def assert_kept_what_was_sent(sample: Any, emulator: Emulator, rid: str, start: int = 0) -> None:
+    """The cut call kept a non-empty prefix of what the server wrote, token for token. Events the
+    server wrote after the client's last read and before its close were never received: the
+    server sees a closed connection only at its next write."""
+    k = sample.response_length - start
+    written = emulator.stats.written.get(rid, 0)
+    assert 0 < k <= written, (k, written)
+    assert_call(sample, emulator, rid, start, k, len(prompt_ids()))
+
+
 def scenario_deliberate_cancel_then_resume(env: SlimeEnv, incremental: bool) -> None:
     """request_abort keeps the observed prefix (ABORTED); the resume adds no duplicated token and
     recomputes routing for the whole sequence (no routed_experts_start_len)."""
@@ -370,19 +408,19 @@ def scenario_deliberate_cancel_then_resume(env: SlimeEnv, incremental: bool) -> 
         wiring.plans["s000a01"] = {"stop_at": 5}
 
         async def first() -> Any:
-            task = await _start_and_wait(emu, fs.generate(args, sample, sampling_params(env, args)), 10)
+            task = await _start_and_wait(emu, generate_and_rm(env, args, sample), 10)
             groups = await fs.request_abort(args, 0)
             assert groups == []  # nothing pending in this direct call
             return await task
 
         env.run(first())
         k = sample.response_length
-        assert sample.status == env.Sample.Status.ABORTED and 0 < k < 2000
+        assert sample.status == env.Sample.Status.ABORTED and 0 < k < 2000 and sample.reward is None
         assert sample.weight_versions == ["default"]
-        assert_call(sample, emu, "s000a00", 0, k, len(prompt_ids()))
+        assert_kept_what_was_sent(sample, emu, "s000a00")
         assert sample.response == expected(emu, "s000a00", k).text(0, k)
         assert "s000a00" in emu.stats.disconnected_rids and emu.stats.aborted == 0  # no server-wide abort
-        assert emu.running == 0
+        assert emu.running == 0  # request_abort returned with the server idle
 
         env.rollout.GenerateState(args).reset()
         env.run(fs.generate(args, sample, sampling_params(env, args)))
@@ -399,20 +437,32 @@ def scenario_deliberate_cancel_then_resume(env: SlimeEnv, incremental: bool) -> 
 
 
 def scenario_unrelated_cancellation_propagates(env: SlimeEnv) -> None:
+    """A cancel that is not the rollout abort's leaves the sample as it was and propagates, also
+    when it arrives together with the abort's."""
     with emulator_thread(token_rate=400) as emu, wired(env, emu):
         args = make_args(emu, rollout_max_response_len=2000)
         sample = new_sample(env)
 
         async def main() -> None:
-            task = await _start_and_wait(emu, fs.generate(args, sample, sampling_params(env, args)), 5)
+            task = await _start_and_wait(emu, generate_and_rm(env, args, sample), 5)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            # A deliberate abort racing with the parent's own cancel: the parent's wins.
+            # A rollout abort racing with the caller's own cancel: the caller's wins.
             other = new_sample(env, 1)
-            task = await _start_and_wait(emu, fs.generate(args, other, sampling_params(env, args)), 20)
-            for stream in list(fs._registry().request_streams):
-                stream.abort()
+            state = env.rollout.GenerateState(args)
+            task = asyncio.get_running_loop().create_task(fs.generate(args, other, sampling_params(env, args)))
+            if env.line == "request-abort":
+                state.cancellable_tasks.add(task)  # as slime's wrapper does, before the call starts
+            await wait_until(lambda: emu.stats.tokens >= 20)
+            await asyncio.sleep(0.05)
+            if env.line == "request-abort":  # what slime's abort() does to a registered task
+                state.aborted = True
+                state.cancellable_tasks.discard(task)
+                task.cancel()
+            else:
+                for stream in list(fs._registry().request_streams):
+                    stream.abort()
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
@@ -574,6 +624,7 @@ def scenario_mixed_group_abort_buffer_resume(env: SlimeEnv) -> None:
         assert done.status == env.Sample.Status.COMPLETED and REWARDS[3] == 1
         k = partial.response_length
         assert partial.status == env.Sample.Status.ABORTED and k > 0 and partial.reward is None
+        assert_kept_what_was_sent(partial, emu, "s004a00")
         assert partial.metadata["start_rollout_id"] == 0 and "start_rollout_id" not in empty.metadata
         assert empty.status == env.Sample.Status.ABORTED and empty.response_length == 0
         assert env.rollout.abort is not fs.request_abort  # the swap was undone
@@ -616,7 +667,7 @@ def scenario_idle_wait_and_fallback(env: SlimeEnv) -> None:
                         "stream": True}
                 zombie = await session.post(emu.url + "/generate", json=body)
                 await wait_until(lambda: emu.running == 1)
-                task = await _start_and_wait(emu, fs.generate(args, new_sample(env), sampling_params(env, args)), 5)
+                task = await _start_and_wait(emu, generate_and_rm(env, args, new_sample(env)), 5)
                 await fs.request_abort(args, 0)
                 await task
                 aborted_while_fastaccum_only = emu.stats.aborted
@@ -631,7 +682,7 @@ def scenario_idle_wait_and_fallback(env: SlimeEnv) -> None:
         env.http_utils.init_http_client(args)
 
         async def quiet() -> None:
-            task = await _start_and_wait(emu, fs.generate(args, new_sample(env), sampling_params(env, args)), 5)
+            task = await _start_and_wait(emu, generate_and_rm(env, args, new_sample(env)), 5)
             await fs.request_abort(args, 0)
             await task
             assert emu.running == 0
@@ -650,8 +701,12 @@ def scenario_top_p_falls_back_to_server_abort(env: SlimeEnv) -> None:
         wiring.plans["s000a01"] = {"stop_at": 3}
 
         async def main() -> None:
-            task = await _start_and_wait(emu, fs.generate(args, sample, sampling_params(env, args)), 5)
-            assert fs._registry().server_generations == 1 and not fs._registry().request_streams
+            task = await _start_and_wait(emu, generate_and_rm(env, args, sample), 5)
+            if env.line == "request-abort":  # out of slime's cancel set, counted for its server-wide abort
+                state = env.rollout.GenerateState(args)
+                assert state.active_server_generations == 1 and not state.cancellable_tasks
+            else:
+                assert fs._registry().server_generations == 1 and not fs._registry().request_streams
             await fs.request_abort(args, 0)
             await task
 
@@ -757,6 +812,136 @@ def scenario_foreign_generate_keeps_stock_abort(env: SlimeEnv) -> None:
     assert calls == [4] and output.samples[0][0].status == env.Sample.Status.COMPLETED
 
 
+def scenario_slime_abort_keeps_prefix(env: SlimeEnv, incremental: bool) -> None:
+    """slime's own abort (no fastaccum rollout function) keeps the prefix on both lines: stock
+    slime aborts server-wide and the terminal abort chunk is committed; slime with request-level
+    abort cancels the sample's task and generate commits the prefix before the cancel leaves it."""
+    with emulator_thread(incremental_streaming_output=incremental, token_rate=400,
+                         enable_return_routed_experts=True) as emu, wired(env, emu):
+        args = make_args(emu, use_rollout_routing_replay=True, rollout_max_response_len=2000, partial_rollout=True)
+        env.http_utils.init_http_client(args)
+        sample = new_sample(env)
+
+        async def main() -> None:
+            task = await _start_and_wait(emu, generate_and_rm(env, args, sample), 10)
+            assert await env.rollout.abort(args, 0) == []  # nothing pending: the sample ran alone
+            await task
+
+        env.run(main())
+        k = sample.response_length
+        assert sample.status == env.Sample.Status.ABORTED and 0 < k < 2000 and sample.reward is None
+        assert_call(sample, emu, "s000a00", 0, k, len(prompt_ids()))
+        if env.line == "stock":
+            assert emu.stats.aborted >= 1 and emu.stats.written["s000a00"] == k
+            # the terminal abort chunk carries routing for every position
+            assert tuple(sample.rollout_routed_experts.shape) == (len(sample.tokens) - 1, *emu.expert_shape)
+        else:
+            assert_kept_what_was_sent(sample, emu, "s000a00")
+            assert emu.stats.aborted == 0 and sample.rollout_routed_experts is None  # none had arrived
+            deadline = time.monotonic() + 5.0  # the emulator's thread sees the close a moment later
+            while "s000a00" not in emu.stats.disconnected_rids and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert "s000a00" in emu.stats.disconnected_rids
+
+
+def scenario_abort_after_terminal_keeps_result(env: SlimeEnv) -> None:
+    """An abort that arrives after the terminal event (before [DONE]) keeps the complete result:
+    the sample is finished, scored once, and not marked ABORTED (which would resume it past its end)."""
+    with emulator_thread() as emu, wired(env, emu) as wiring:
+        args = make_args(emu, rollout_max_response_len=12)
+        env.http_utils.init_http_client(args)
+        wiring.plans["s000a00"] = {"fault": {"kind": "stall", "at": "done", "seconds": 30}}
+        sample = new_sample(env)
+
+        async def main() -> None:
+            task = asyncio.get_running_loop().create_task(generate_and_rm(env, args, sample))
+            await wait_until(lambda: bool(wiring.streams) and not wiring.streams[0].kept().aborted)
+            await fs.request_abort(args, 0)
+            await task
+
+        env.run(main())
+        assert sample.status == env.Sample.Status.TRUNCATED and sample.response_length == 12
+        assert REWARDS[0] == 1 and sample.reward == 12.0
+        assert_call(sample, emu, "s000a00", 0, 12, len(prompt_ids()))
+        assert emu.running == 0
+
+
+# ---- where slime's in-tree streaming generate breaks and fastaccum must not ---------------------
+def in_tree_streaming(env: SlimeEnv) -> Any:
+    """slime's own request-abort streaming generate function, where the checkout has it."""
+    if env.kind != "real":
+        return None  # the double does not model it
+    try:
+        module = importlib.import_module("slime.rollout.sglang_streaming_rollout")
+    except ImportError:
+        return None
+    fn = getattr(module, "generate_streaming", None)
+    return fn if getattr(fn, "abort_mode", None) == "request" else None
+
+
+def _generate_with(env: SlimeEnv, fn: Any, args: Any, sample: Any, *, abort_retracted: bool, emu: Emulator) -> Any:
+    """Run one generate call; with ``abort_retracted``, SGLang's ``abort_all`` once the request is
+    retracted (a server-side abort, as a weight update's pause does)."""
+
+    async def main() -> Any:
+        task = asyncio.get_running_loop().create_task(fn(args, sample, sampling_params(env, args)))
+        if abort_retracted:
+            await wait_until(lambda: emu.retracted == 1 or task.done())
+            async with aiohttp.ClientSession() as session:
+                await session.post(emu.url + "/abort_request", json={"abort_all": True})
+        return await task
+
+    return env.run(main())
+
+
+def scenario_in_tree_pitfalls(env: SlimeEnv, case: str, incremental: bool) -> None:
+    """Three streams SGLang sends that slime's in-tree streaming generate fails on (checked where
+    the checkout has it) and fastaccum commits correctly (docs/slime.md, "Why fastaccum instead of
+    slime's in-tree streaming"):
+
+    - ``line_separator``: a text holding U+2028, which SGLang writes raw in the JSON; a reader that
+      splits lines with ``str.splitlines`` (httpx ``aiter_lines``) cuts the event in two;
+    - ``echo``: a retracted request aborted server-side ends with the abort echo chunk, whose
+      logprob list is the whole response even in incremental mode;
+    - ``no_logprobs_length``: events without ``output_token_logprobs_length``.
+    """
+    fault = {
+        "line_separator": None,
+        "echo": {"kind": "retract", "at": 3},
+        "no_logprobs_length": {"kind": "strip_keys", "keys": ["output_token_logprobs_length"]},
+    }[case]
+    n = 40
+    with emulator_thread(incremental_streaming_output=incremental, fault=fault) as emu, wired(env, emu):
+        if case == "line_separator":
+            assert "\u2028" in expected(emu, "s000a00", n).text(0, n)
+            assert "\u2028" in expected(emu, UNNAMED_RID, n).text(0, n)
+        args = make_args(emu, rollout_max_response_len=n)
+        env.http_utils.init_http_client(args)
+        sample = _generate_with(env, fs.generate, args, new_sample(env), abort_retracted=case == "echo", emu=emu)
+        k = emu.stats.written["s000a00"]
+        if case == "echo":  # the echo holds every token decoded, one more than the events carried
+            assert sample.status == env.Sample.Status.ABORTED and k == 4
+        else:
+            assert sample.status == env.Sample.Status.TRUNCATED and k == n
+        assert sample.response_length == k
+        assert_call(sample, emu, "s000a00", 0, k, len(prompt_ids()))
+        assert sample.response == expected(emu, "s000a00", k).text(0, k)
+
+        in_tree = in_tree_streaming(env)
+        if in_tree is None:
+            return
+        env.reset()
+        args.custom_generate_function_path = "slime.rollout.sglang_streaming_rollout.generate_streaming"
+        theirs = new_sample(env, 1)
+        expected_error = {
+            "line_separator": "terminal finish_reason|inconsistent output_token_logprobs_length",
+            "echo": "inconsistent output_token_logprobs_length",
+            "no_logprobs_length": "must include output_token_logprobs_length",
+        }[case]
+        with pytest.raises((RuntimeError, ValueError), match=expected_error):
+            _generate_with(env, in_tree, args, theirs, abort_retracted=case == "echo", emu=emu)
+
+
 # (name, function, parameter sets): both test tiers run exactly this list.
 SCENARIOS: list[tuple[str, Any, list[dict[str, Any]]]] = [
     ("stream_modes", scenario_stream_modes,
@@ -764,6 +949,8 @@ SCENARIOS: list[tuple[str, Any, list[dict[str, Any]]]] = [
     ("routed_experts_and_top_p", scenario_routed_experts_and_top_p, [{"incremental": False}, {"incremental": True}]),
     ("deliberate_cancel_then_resume", scenario_deliberate_cancel_then_resume,
      [{"incremental": False}, {"incremental": True}]),
+    ("slime_abort_keeps_prefix", scenario_slime_abort_keeps_prefix, [{"incremental": False}, {"incremental": True}]),
+    ("abort_after_terminal_keeps_result", scenario_abort_after_terminal_keeps_result, [{}]),
     ("unrelated_cancellation_propagates", scenario_unrelated_cancellation_propagates, [{}]),
     ("server_abort_commits_terminal", scenario_server_abort_commits_terminal,
      [{"incremental": False}, {"incremental": True}]),
@@ -778,6 +965,9 @@ SCENARIOS: list[tuple[str, Any, list[dict[str, Any]]]] = [
     ("idle_wait_and_fallback", scenario_idle_wait_and_fallback, [{}]),
     ("top_p_falls_back_to_server_abort", scenario_top_p_falls_back_to_server_abort, [{}]),
     ("foreign_generate_keeps_stock_abort", scenario_foreign_generate_keeps_stock_abort, [{}]),
+    ("in_tree_pitfalls", scenario_in_tree_pitfalls,
+     [{"case": c, "incremental": inc} for c in ("line_separator", "no_logprobs_length") for inc in (False, True)]
+     + [{"case": "echo", "incremental": True}]),
     ("sample_fidelity", scenario_sample_fidelity, [{}]),
     ("signatures", scenario_signatures, [{}]),
 ]

@@ -1,13 +1,19 @@
-"""Stand-in for slime.rollout.sglang_rollout, written from integration doc §2.2, §6.1 and §12.
+"""Stand-in for slime.rollout.sglang_rollout (docs/slime.md, "How slime runs a rollout").
 
 Models: ``GenerateState`` (the process singleton), ``_prepare_prompt_ids``, the per-sample and
-per-group tasks (``generate_and_rm``, ``generate_and_rm_group``), the stock ``abort`` and a
+per-group tasks (``generate_and_rm``, ``generate_and_rm_group``), ``abort`` and a
 ``generate_rollout`` that reaches ``abort`` through this module's globals at call time (so a
 rollout plugin can swap it) and then resets the state.
 
-``IN_TREE_REQUEST_ABORT = True`` models newer slime builds that do request-level abort themselves
-(THUDM/slime#2272: ``cancellable_tasks``, ``active_server_generations``). That model is inferred
-from public descriptions only.
+Two slime lines, switched by ``REQUEST_ABORT`` (docs/slime.md, "Two slime lines"):
+
+- ``False``, stock slime: ``abort`` always aborts server-wide and buffers every pending group;
+- ``True``, slime with request-level abort: ``GenerateState`` carries ``cancellable_tasks`` and
+  ``active_server_generations``; ``generate_and_rm`` runs a generate function marked
+  ``abort_mode == "request"`` with the task that runs it registered for cancellation, and turns
+  the cancel that ``abort`` issues into an ABORTED sample, returned as the function left it;
+  other generate functions are counted; ``abort`` cancels the registered tasks, aborts
+  server-wide only while counted generations run, and buffers only groups that kept a prefix.
 """
 
 from __future__ import annotations
@@ -34,9 +40,9 @@ log = logging.getLogger(__name__)
 _ABORTED = Sample.Status.ABORTED
 _FINISHED = (Sample.Status.COMPLETED, Sample.Status.TRUNCATED)  # returned as they are on resume
 
-IN_TREE_REQUEST_ABORT = False
+REQUEST_ABORT = False
 
-# SGLang sampling parameter <- slime argument (doc §2.2, "Inputs").
+# SGLang sampling parameter <- slime argument.
 _SAMPLING_FROM_ARGS = (
     ("temperature", "rollout_temperature"),
     ("top_p", "rollout_top_p"),
@@ -86,7 +92,7 @@ class GenerateState(metaclass=SingletonMeta):
         """Forget the finished rollout: no pending groups, not aborted."""
         self.pendings: set[asyncio.Task] = set()
         self.aborted = False
-        if IN_TREE_REQUEST_ABORT:
+        if REQUEST_ABORT:
             self.cancellable_tasks: set[asyncio.Task] = set()
             self.active_server_generations = 0
 
@@ -116,7 +122,32 @@ def _generate_function_for(args: Any, sample: Sample) -> Any:
 async def _call_generate(args: Any, sample: Sample, sampling_params: dict[str, Any], evaluation: bool) -> Any:
     fn = _generate_function_for(args, sample)
     extra = {"evaluation": evaluation} if "evaluation" in inspect.signature(fn).parameters else {}
-    return await fn(args, sample, sampling_params, **extra)
+    call = fn(args, sample, sampling_params, **extra)
+    if not REQUEST_ABORT:
+        return await call
+    state = GenerateState(args)
+    if getattr(fn, "abort_mode", None) == "request":
+        return await _cancellable_by_abort(state, sample, call)
+    state.active_server_generations += 1
+    try:
+        return await call
+    finally:
+        state.active_server_generations -= 1
+
+
+async def _cancellable_by_abort(state: GenerateState, sample: Sample, call: Any) -> Any:
+    """The task running this sample is what ``abort`` cancels; its cancel becomes ABORTED."""
+    me = asyncio.current_task()
+    state.cancellable_tasks.add(me)
+    try:
+        return await call
+    except asyncio.CancelledError:
+        if me in state.cancellable_tasks:  # still registered: not abort's cancel
+            raise
+        sample.status = _ABORTED  # whatever the generate function left on the sample stays
+        return sample
+    finally:
+        state.cancellable_tasks.discard(me)
 
 
 async def _reward(args: Any, sample: Sample) -> Any:
@@ -135,10 +166,10 @@ def _leaves(result: Any) -> list[Sample]:
 async def generate_and_rm(
     args: Any, sample: Sample, sampling_params: dict[str, Any], evaluation: bool = False
 ) -> Sample | list[Sample]:
-    """Generate one sample and score it, in the order of doc §2.2."""
+    """Generate one sample and score it; aborted samples get no reward."""
     resumed = sample.response_length > 0
     if resumed and args.partial_rollout and args.mask_offpolicy_in_partial_rollout:
-        # Before the early return below, so completed samples lose their mask too (doc §11.1).
+        # Before the early return below, so completed samples lose their mask too.
         sample.loss_mask = [0 for _ in range(sample.response_length)]
 
     if sample.status in _FINISHED:
@@ -201,23 +232,25 @@ async def _server_wide_abort(args: Any) -> None:
     await abort_servers_until_idle([worker["url"] for worker in listing["workers"]])
 
 
-def _needs_server_wide_abort(state: GenerateState) -> bool:
-    if not IN_TREE_REQUEST_ABORT:
-        return True
-    # In-tree request-level abort: cancel the registered streams; go server-wide only for
-    # generations that must be stopped by the server.
-    for task in list(state.cancellable_tasks):
-        task.cancel()
-    return state.active_server_generations > 0
+def _kept_prefix(group: list) -> bool:
+    return any(m.status is _ABORTED and m.response_length > 0 for entry in group for m in _leaves(entry))
 
 
 async def abort(args: Any, rollout_id: int) -> list[list[Sample]]:
-    """Stock abort (doc §6.1 step 4): stop the servers, wait for every in-flight group, and with
-    partial rollout hand all of them back for buffering."""
+    """Stop the rollout's generations, wait for every in-flight group, and with partial rollout
+    hand back the groups to buffer: all of them (stock), or those that kept a prefix."""
     state = GenerateState(args)
     assert not state.aborted, "abort() ran twice for one rollout"
     state.aborted = True
-    if _needs_server_wide_abort(state):
+    if REQUEST_ABORT:
+        cancelled = list(state.cancellable_tasks)
+        state.cancellable_tasks.clear()  # the wrapper reads "no longer registered" as "abort's cancel"
+        for task in cancelled:
+            task.cancel()
+        if state.active_server_generations > 0:
+            await _server_wide_abort(args)
+        await asyncio.gather(*cancelled, return_exceptions=True)
+    else:
         await _server_wide_abort(args)
 
     in_flight, state.pendings = state.pendings, set()
@@ -229,6 +262,8 @@ async def abort(args: Any, rollout_id: int) -> list[list[Sample]]:
     returned = []
     for task in finished:
         group = task.result()
+        if REQUEST_ABORT and not _kept_prefix(group):
+            continue
         _stamp_partial(group, rollout_id)
         returned.append(group)
     return returned

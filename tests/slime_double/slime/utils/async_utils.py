@@ -1,5 +1,5 @@
 """Stand-in for slime.utils.async_utils: coroutines are run on one long-lived event loop that
-lives on a daemon thread, so every rollout of a process shares the same loop (doc §6.1)."""
+lives on a daemon thread, so every rollout of a process shares the same loop."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stand-in for slime.utils.http_utils (integration doc §10): one shared httpx client made by
+"""Stand-in for slime.utils.http_utils: one shared httpx client made by
 ``init_http_client``, a ``post`` that retries, a ``get`` that does not, and the engine count."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ _http_client: Optional[httpx.AsyncClient] = None
 def get_rollout_num_engines(args: Any) -> int:
     """Engines serving rollouts: ``rollout_num_engines`` when set, else GPUs per engine division.
 
-    Zero when neither is configured (doc §12: the semaphore then has no capacity).
+    Zero when neither is configured (the semaphore then has no capacity).
     """
     configured = getattr(args, "rollout_num_engines", None)
     if configured is not None:

@@ -1,4 +1,4 @@
-"""Stand-in for slime.utils.misc (integration doc §2.1, §4.1): ``load_function``,
+"""Stand-in for slime.utils.misc: ``load_function``,
 ``SingletonMeta`` and ``decode_int32_meta_array``. Written from the doc; no slime code."""
 
 from __future__ import annotations

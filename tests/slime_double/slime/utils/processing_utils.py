@@ -1,6 +1,6 @@
 """Stand-in for slime.utils.processing_utils: tokenizer and processor loading.
 
-Goes through ``transformers``, which the tests replace with a stub (integration doc §12).
+Goes through ``transformers``, which the tests replace with a stub.
 Multimodal input is not modelled.
 """
 

@@ -1,4 +1,4 @@
-"""Stand-in for slime.utils.types.Sample, written from integration doc §4 and §4.1.
+"""Stand-in for slime.utils.types.Sample, written from slime's behaviour (docs/slime.md).
 
 Fields and ``Status`` are slime's API surface (names must match); everything else — how a
 response segment is checked, appended and reconciled with SGLang's meta_info — is our own code
@@ -98,7 +98,7 @@ class Sample:
         COMPLETED = "completed"
         TRUNCATED = "truncated"
         ABORTED = "aborted"
-        FAILED = "failed"  # exists in slime, handled nowhere (doc §4)
+        FAILED = "failed"  # exists in slime, handled nowhere
 
     status: Status = Status.PENDING
     metadata: dict = field(default_factory=dict)
@@ -133,7 +133,7 @@ class Sample:
         text: str | None = None,
         update_terminal_info: bool = True,
     ) -> None:
-        """Add one response segment (doc §4.1) and keep every per-token array aligned with it."""
+        """Add one response segment and keep every per-token array aligned with it."""
         ids, lps = _checked_segment(tokens, log_probs, trainable)
         self._grow(ids, lps, trainable, text)
         filler_rows = bool(ids) and not trainable
@@ -149,7 +149,7 @@ class Sample:
 
     # ---- internals ---------------------------------------------------------------------------------
     def _grow(self, ids: list[int], lps: list[float] | None, trainable: bool, text: str | None) -> None:
-        # Doc §4.1 step 3 order: text, tokens and length, then the lazily created arrays.
+        # slime's order: text, tokens and length, then the lazily created arrays.
         earlier = self.response_length
         if text is not None:
             self.response = self.response + text
@@ -265,7 +265,7 @@ class Sample:
         version = meta_info.get("weight_version", _ABSENT)
         if version is not _ABSENT:  # one entry per terminal commit
             self.weight_versions.append(version)
-        # Subscripting a None finish_reason raises TypeError, as slime does (doc §4.1).
+        # Subscripting a None finish_reason raises TypeError, as slime does.
         kind = meta_info["finish_reason"]["type"]
         member = FINISH_TO_STATUS.get(kind)
         if member is not None:

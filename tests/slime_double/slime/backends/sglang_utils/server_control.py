@@ -1,4 +1,4 @@
-"""Stand-in for slime's server_control (integration doc §6.1 step 4.3, §12): the server-wide
+"""Stand-in for slime's server_control: the server-wide
 abort that is repeated per worker until its load says idle, and the load reader it relies on."""
 
 from __future__ import annotations
