@@ -126,6 +126,7 @@ class Emulator:
         seed: int = 0,
         version: str = "0.5.23",
         fault: dict[str, Any] | None = None,
+        plain_text: bool = False,
     ) -> None:
         if version not in ("0.5.23", "0.5.15"):
             raise ValueError(f"version must be '0.5.23' or '0.5.15', not {version!r}")
@@ -143,6 +144,8 @@ class Emulator:
         self.seed = seed
         self.version = version
         self.fault = fault
+        # Token texts without U+2028/U+2029/U+0085, for clients that read lines with splitlines().
+        self.text_pieces = wire.PLAIN_TEXT_PIECES if plain_text else wire.TEXT_PIECES
         self.stats = EmulatorStats()
         self._running: set[_Request] = set()
         self._waiting: deque[_Request] = deque()
@@ -233,6 +236,7 @@ class Emulator:
             top_p=top_p,
             expert_shape=self.expert_shape if routed_experts else None,
             num_experts=self.num_experts,
+            text_pieces=self.text_pieces,
         )
 
     @staticmethod

@@ -35,6 +35,7 @@ __all__ = (
     "stream_bytes",
     "split_pieces",
     "TEXT_PIECES",
+    "PLAIN_TEXT_PIECES",
 )
 
 DONE = b"data: [DONE]\n\n"
@@ -45,6 +46,9 @@ TEXT_PIECES: tuple[str, ...] = (
     "The", " answer", " is", " 4", ".", " 日本", "語", " 🙂", "\u2028", " é", "\n", '"q"',
     "\\", "\t", "", " ok", "<|im_end|>", "\u2029", "\x85", "\r\n", " 中文", "\x0b\x0c", " Ω", "/",
 )
+# The same without the characters str.splitlines() also breaks lines at (U+2028, U+2029, U+0085;
+# orjson escapes the others): streams that line readers such as httpx aiter_lines() survive.
+PLAIN_TEXT_PIECES: tuple[str, ...] = tuple(t for t in TEXT_PIECES if not any(c in t for c in "\u2028\u2029\x85"))
 _SLICED_KEYS = ("output_token_logprobs",)
 
 
@@ -100,6 +104,7 @@ def synthetic_generation(
     expert_shape: tuple[int, int] | None = None,
     num_experts: int = 128,
     null_logprob_every: int = 0,
+    text_pieces: Sequence[str] = TEXT_PIECES,
 ) -> Generation:
     """A deterministic generation of ``n`` tokens for ``rid``; token i never depends on ``n``."""
     pos = np.arange(n, dtype=np.uint64)
@@ -113,7 +118,7 @@ def synthetic_generation(
     if null_logprob_every:
         for i in range(0, n, null_logprob_every):
             logprobs[i] = None
-    texts = [TEXT_PIECES[int(t) % len(TEXT_PIECES)] for t in ids]
+    texts = [text_pieces[int(t) % len(text_pieces)] for t in ids]
     rows = None
     if top_p:
         h2 = _hash_u64(seed, rid, 2, pos)

@@ -370,3 +370,54 @@ def test_expected_is_prefix_stable_and_seeded() -> None:
     assert list(long.token_ids[:40]) == list(short.token_ids)
     assert list(a.expected("x", 40).token_ids) != list(b.expected("x", 40).token_ids)
     assert dataclasses.asdict(a.expected("x", 5)) == dataclasses.asdict(a.expected("x", 5))
+
+
+@pytest.mark.parametrize("incremental", [False, True], ids=["cumulative", "incremental"])
+def test_retracted_request_ends_with_the_echo_of_everything_decoded(incremental: bool) -> None:
+    """A retracted request keeps its output; an abort then ends it with the echo chunk, which holds
+    every token decoded (here one more than the events carried: the retract comes before event 3)."""
+    emulator = Emulator(incremental_streaming_output=incremental)
+
+    async def main() -> list[Any]:
+        async with emulator as url:
+            task = asyncio.ensure_future(post_body(url, payload("r-1", 40, return_logprob=True,
+                                                                fastaccum_fault={"kind": "retract", "at": 3})))
+            await wait_until(lambda: emulator.retracted == 1)
+            assert emulator.running == 1  # a retracted request still holds its slot
+            emulator.abort(abort_all=True)
+            _, body = await task
+            return events_of(body)
+
+    events = run(main())
+    assert events[-1] == "[DONE]" and len(events) == 5
+    echo = events[-2]
+    gen = emulator.expected("r-1", 4, prompt_tokens=len(PROMPT))
+    expected_echo = wire.echo_event(gen, wire.WireOptions(incremental=incremental, return_logprob=True), 4)
+    assert echo == orjson.loads(orjson.dumps(expected_echo))
+    assert echo["meta_info"]["completion_tokens"] == 4 and len(echo["meta_info"]["output_token_logprobs"]) == 4
+    assert emulator.stats.written["r-1"] == 4 and emulator.retracted == 0
+
+
+def test_strip_keys_fault_and_written_counts() -> None:
+    emulator = Emulator()
+
+    async def main() -> list[Any]:
+        async with emulator as url:
+            fault = {"kind": "strip_keys", "keys": ["output_token_logprobs_length", "weight_version"]}
+            _, body = await post_body(url, payload("r-1", 6, return_logprob=True, fastaccum_fault=fault))
+            return events_of(body)
+
+    events = run(main())
+    assert len(events) == 7
+    for event in events[:-1]:
+        assert "output_token_logprobs_length" not in event["meta_info"]
+        assert "weight_version" not in event["meta_info"] and "completion_tokens" in event["meta_info"]
+    assert emulator.stats.written == {"r-1": 6}
+
+
+def test_plain_text_has_none_of_the_separators_json_leaves_raw() -> None:
+    """str.splitlines() also breaks at U+2028, U+2029 and U+0085, which JSON writers leave raw
+    (the other control characters it breaks at are escaped)."""
+    plain = Emulator(plain_text=True).expected("r-1", 2000).text(0, 2000)
+    assert not set(plain) & {"\u2028", "\u2029", "\x85"}
+    assert set(Emulator().expected("r-1", 2000).text(0, 2000)) & {"\u2028", "\u2029", "\x85"}
