@@ -342,6 +342,34 @@ def test_abort_racing_the_terminal_event_returns_the_complete_result(twin: Modul
     assert_matches(emulator, "race-1", result)
 
 
+def test_kept_after_a_cancel_is_the_prefix_or_the_complete_result(twin: ModuleType) -> None:
+    """What a rollout abort that cancels the task reads: the observed prefix (aborted) while the
+    stream runs, the complete result once the terminal event has arrived."""
+    emulator = Emulator(token_rate=2000, fault={"kind": "stall", "at": "done", "seconds": 5})
+
+    async def main() -> tuple[StreamResult, StreamResult]:
+        async with emulator as url, aiohttp.ClientSession(timeout=STREAM_TIMEOUT) as session:
+            cut = GenerateStream(session, f"{url}/generate", payload("k-1", 100_000))
+            task = asyncio.create_task(cut.run())
+            await wait_until(lambda: cut.tokens >= 20)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            whole = GenerateStream(session, f"{url}/generate", payload("k-2", 40))
+            task = asyncio.create_task(whole.run())
+            await wait_until(lambda: whole.tokens == 40)  # terminal fed, [DONE] held back
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return cut.kept(), whole.kept()
+
+    prefix, complete = run(main())
+    assert prefix.aborted and not prefix.finished and len(prefix) >= 20
+    assert_matches(emulator, "k-1", prefix)
+    assert not complete.aborted and complete.finished and len(complete) == 40
+    assert_matches(emulator, "k-2", complete)
+
+
 def test_server_side_abort_is_a_finished_result(twin: ModuleType) -> None:
     emulator = Emulator(token_rate=2000, enable_return_routed_experts=True)
 
