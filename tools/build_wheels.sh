@@ -185,7 +185,10 @@ if [ "$RUN_AARCH64" = 1 ]; then
         so="$(ls "$cross"/lib/fastaccum/_cy.*.so)"
         readelf -h "$so" | grep -q 'Machine:.*AArch64' || fail "the cross-compiled $so is not AArch64"
         if readelf -s "$so" | grep -q fa_b64_decode_avx2; then fail "the aarch64 build contains the AVX2 decoder"; fi
-        AARCH64_RESULT="compiled and linked, $(basename "$so"): $(readelf -h "$so" | sed -n 's/ *Machine: *//p'), $(stat -c %s "$so") bytes"
+        glibc="$(readelf -V "$so" | grep -o 'GLIBC_[0-9.]*' | sort -V | tail -1)"
+        [ "$(printf '%s\n' "$glibc" GLIBC_2.17 | sort -V | tail -1)" = GLIBC_2.17 ] \
+            || fail "the aarch64 build needs $glibc, newer than manylinux_2_17 allows"
+        AARCH64_RESULT="compiled and linked: $(readelf -h "$so" | sed -n 's/ *Machine: *//p') ELF, $(stat -c %s "$so") bytes, needs $glibc"
     else
         AARCH64_RESULT="SKIPPED: $CROSS_CC not found (apt-get install gcc-aarch64-linux-gnu, or run with CI=true)"
     fi
