@@ -13,9 +13,8 @@ from fastaccum.errors import (
     StreamTimeoutError,
     StreamTruncatedError,
 )
+from fastaccum._version import __version__
 from fastaccum.result import StreamResult
-
-__version__ = "0.1.0"
 
 __all__ = (
     "IMPLEMENTATION",

@@ -9,17 +9,28 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 import numpy as np
 
-__all__ = ("main",)
+from fastaccum import IMPLEMENTATION, __version__
+
+__all__ = ("CommandError", "main")
 
 # The emulator child prints this line, then its URL, so the demo knows where to connect.
 _ANNOUNCE = "fastaccum emulator listening on "
 _REPLAY_PIECE_BYTES = 64 * 1024  # a typical socket read; the accumulator accepts any split
+
+
+class CommandError(Exception):
+    """A mistake in how the command was used or what it was pointed at: reported in one line on
+    stderr with exit status ``status``, never as a traceback."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -28,10 +39,54 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    return int(args.handler(args))
+    try:
+        return int(args.handler(args))
+    except CommandError as exc:
+        print(f"fastaccum {args.command}: error: {exc}", file=sys.stderr)
+        return exc.status
+    except KeyboardInterrupt:
+        return 130  # the shell's code for SIGINT; Ctrl-C is how a user stops the demo early
 
 
 # ---- argument parsing ---------------------------------------------------------------------------
+def _bounded_int(low: int, high: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(
+                f"expected an integer from {low} to {high}, got {value}" if high is not None
+                else f"expected an integer >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return value
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"kind\":\"stall\"}}', got {text!r}")
+    return value
+
+
+_positive = _bounded_int(1)
+
+
 def _shape(text: str) -> tuple[int, int]:
     try:
         layers, topk = (int(x) for x in text.lower().split("x"))
@@ -45,38 +100,40 @@ def _shape(text: str) -> tuple[int, int]:
 def _add_server_options(p: argparse.ArgumentParser) -> None:
     # Names follow SGLang's server flags where SGLang has one.
     p.add_argument("--incremental-streaming-output", action="store_true", help="send deltas (SGLang flag)")
-    p.add_argument("--stream-interval", type=int, default=1, help="tokens per event (SGLang flag)")
+    p.add_argument("--stream-interval", type=_positive, default=1, help="tokens per event (SGLang flag)")
     p.add_argument("--skip-tokenizer-init", action="store_true", help="no text in events (SGLang flag)")
     p.add_argument("--enable-return-routed-experts", action="store_true", help="serve routed experts")
-    p.add_argument("--num-layers", type=int, default=4, help="MoE layers behind routed experts")
-    p.add_argument("--topk", type=int, default=2, help="experts per token")
-    p.add_argument("--num-experts", type=int, default=16, help="experts per layer")
-    p.add_argument("--token-rate", type=float, default=0.0, help="tokens/s per request; 0: as fast as read")
-    p.add_argument("--max-running-requests", type=int, default=256, help="others queue")
+    p.add_argument("--num-layers", type=_positive, default=4, help="MoE layers behind routed experts")
+    p.add_argument("--topk", type=_positive, default=2, help="experts per token")
+    p.add_argument("--num-experts", type=_positive, default=16, help="experts per layer")
+    p.add_argument("--token-rate", type=_non_negative_float, default=0.0,
+                   help="tokens/s per request; 0: as fast as read")
+    p.add_argument("--max-running-requests", type=_positive, default=256, help="others queue")
     p.add_argument("--random-seed", "--seed", dest="seed", type=int, default=0, help="token source seed")
     p.add_argument("--version", choices=("0.5.23", "0.5.15"), default="0.5.23", help="SGLang flavour")
-    p.add_argument("--fault", type=json.loads, default=None, help='server-wide fault, e.g. \'{"kind":"stall"}\'')
+    p.add_argument("--fault", type=_json_object, default=None, help='server-wide fault, e.g. \'{"kind":"stall"}\'')
 
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fastaccum", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__} ({IMPLEMENTATION} core)")
     sub = parser.add_subparsers(dest="command")
 
     demo = sub.add_parser("demo", help="stream from the embedded emulator and verify every token")
-    demo.add_argument("--tokens", type=int, default=50_000, help="tokens per request")
-    demo.add_argument("--requests", type=int, default=4)
-    demo.add_argument("--concurrency", type=int, default=4)
+    demo.add_argument("--tokens", type=_positive, default=50_000, help="tokens per request")
+    demo.add_argument("--requests", type=_positive, default=4)
+    demo.add_argument("--concurrency", type=_positive, default=4)
     demo.add_argument("--mode", choices=("auto", "cumulative", "incremental"), default="auto",
                       help="accumulator mode")
     demo.add_argument("--server-mode", choices=("cumulative", "incremental"), default=None,
                       help="emulator streaming mode (default: cumulative only with --mode cumulative)")
-    demo.add_argument("--stream-interval", type=int, default=None,
+    demo.add_argument("--stream-interval", type=_positive, default=None,
                       help="tokens per event (default 4 incremental, 64 cumulative; 1 is the worst case)")
     demo.add_argument("--routed-experts", type=_shape, default=None, metavar="LxK",
                       help="request routed experts from a model with L layers, top-K")
-    demo.add_argument("--abort-after", type=float, default=None, metavar="S",
+    demo.add_argument("--abort-after", type=_non_negative_float, default=None, metavar="S",
                       help="abort each request S seconds after it starts (prefix is verified)")
-    demo.add_argument("--token-rate", type=float, default=0.0, help="tokens/s per request; 0: unlimited")
+    demo.add_argument("--token-rate", type=_non_negative_float, default=0.0, help="tokens/s per request; 0: unlimited")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--in-process", action="store_true",
                       help="run the emulator in this process (default: a child, so CPU numbers are the client's)")
@@ -87,12 +144,12 @@ def _build_parser() -> argparse.ArgumentParser:
     replay.add_argument("file")
     replay.add_argument("--mode", choices=("auto", "cumulative", "incremental"), default="auto")
     replay.add_argument("--expert-shape", type=_shape, default=None, metavar="LxK")
-    replay.add_argument("--max-event-bytes", type=int, default=None)
+    replay.add_argument("--max-event-bytes", type=_bounded_int(0), default=None)
     replay.set_defaults(handler=_replay)
 
     emulator = sub.add_parser("emulator", help="run the SGLang emulator until interrupted")
     emulator.add_argument("--host", default="127.0.0.1")
-    emulator.add_argument("--port", type=int, default=30000, help="0 picks a free port")
+    emulator.add_argument("--port", type=_bounded_int(0, 65535), default=30000, help="0 picks a free port")
     _add_server_options(emulator)
     emulator.set_defaults(handler=_emulator)
     return parser
@@ -117,16 +174,19 @@ def _emulator_from(args: argparse.Namespace, **overrides: Any) -> Any:
         fault=args.fault,
     )
     options.update(overrides)
-    return Emulator(**options)
+    try:
+        return Emulator(**options)
+    except ValueError as exc:  # e.g. an unknown fault kind
+        raise CommandError(str(exc), status=2) from None
 
 
 def _emulator(args: argparse.Namespace) -> int:
     emulator = _emulator_from(args, host=args.host, port=args.port)
 
     async def serve() -> None:
-        url = await emulator.start()
-        print(_ANNOUNCE + url, flush=True)
         try:
+            url = await emulator.start()
+            print(_ANNOUNCE + url, flush=True)
             await asyncio.Event().wait()  # until Ctrl-C or SIGTERM
         finally:
             await emulator.stop()
@@ -135,6 +195,10 @@ def _emulator(args: argparse.Namespace) -> int:
         asyncio.run(serve())
     except KeyboardInterrupt:
         pass
+    except OSError as exc:  # address in use, a host that does not resolve, no permission
+        # asyncio folds the address into strerror; the errno's own text reads better after ours.
+        reason = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else exc.strerror or str(exc)
+        raise CommandError(f"cannot listen on {args.host}:{args.port}: {reason}") from None
     return 0
 
 
@@ -142,7 +206,11 @@ def _emulator(args: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace) -> int:
     from fastaccum import StreamAccumulator, StreamError
 
-    accumulator = StreamAccumulator(mode=args.mode, expert_shape=args.expert_shape, max_event_bytes=args.max_event_bytes)
+    try:
+        accumulator = StreamAccumulator(mode=args.mode, expert_shape=args.expert_shape,
+                                        max_event_bytes=args.max_event_bytes)
+    except (ValueError, OverflowError) as exc:  # argparse checked each option; their product may not fit
+        raise CommandError(str(exc), status=2) from None
     size = 0
     started = time.perf_counter()
     try:
@@ -161,8 +229,7 @@ def _replay(args: argparse.Namespace) -> int:
             pass
         return 1
     except OSError as exc:
-        print(f"error: cannot read {args.file}: {exc}")
-        return 1
+        raise CommandError(f"cannot read {args.file}: {exc.strerror or exc}") from None
     elapsed = time.perf_counter() - started
     print(f"file:          {args.file} ({size / 1e6:.2f} MB, accumulated in {elapsed:.3f} s)")
     for line in _describe(result):
@@ -198,20 +265,16 @@ class _Outcome:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    if min(args.tokens, args.requests, args.concurrency) < 1:
-        print("error: --tokens, --requests and --concurrency must be positive", file=sys.stderr)
-        return 2
     return asyncio.run(_demo_async(args))
 
 
 async def _demo_async(args: argparse.Namespace) -> int:
     import aiohttp
 
-    from fastaccum import IMPLEMENTATION
     from fastaccum.client import STREAM_TIMEOUT, GenerateStream
 
     server_mode = args.server_mode or ("cumulative" if args.mode == "cumulative" else "incremental")
-    # Cumulative events repeat the whole response (O(N^2) bytes, §12): a wider interval keeps the
+    # Cumulative events repeat the whole response (O(N^2) bytes): a wider interval keeps the
     # default run short; incremental at 4 keeps the emulator (not the client) from dominating.
     interval = args.stream_interval or (64 if server_mode == "cumulative" else 4)
     layers, topk = args.routed_experts or (4, 2)
@@ -239,7 +302,7 @@ async def _demo_async(args: argparse.Namespace) -> int:
     progress = _Progress(args.requests * args.tokens, enabled=not args.no_progress)
 
     async def one(session: aiohttp.ClientSession, i: int) -> None:
-        rid = f"demo-{i:05d}-"  # the trailing '-' keeps rids prefix-free for /abort_request (§9.2)
+        rid = f"demo-{i:05d}-"  # the trailing '-' keeps rids prefix-free: /abort_request matches by prefix
         outcome = _Outcome(rid)
         outcomes.append(outcome)
         payload = {
@@ -317,7 +380,8 @@ def _spawn_emulator(server_args: argparse.Namespace) -> tuple[subprocess.Popen[s
     line = child.stdout.readline()
     if not line.startswith(_ANNOUNCE):
         child.kill()
-        raise RuntimeError(f"the emulator did not start: {line!r}")
+        child.wait()
+        raise CommandError(f"the emulator child did not start (it said {line.strip()!r})")
     return child, line[len(_ANNOUNCE):].strip()
 
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
+import pytest
 
-from fastaccum import wire
+from fastaccum import IMPLEMENTATION, __version__, wire
 
 TIMEOUT_S = 120
 
@@ -64,7 +67,7 @@ def test_replay_reports_the_typed_error_and_event_index(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert done.stdout.startswith("error: StreamTruncatedError at event 29:"), done.stdout
     missing = fastaccum("replay", str(tmp_path / "nope.sse"))
-    assert missing.returncode == 1 and "cannot read" in missing.stdout
+    assert missing.returncode == 1 and "cannot read" in missing.stderr
 
 
 def test_emulator_command_serves_until_terminated() -> None:
@@ -89,3 +92,54 @@ def test_emulator_command_serves_until_terminated() -> None:
 def test_no_command_prints_help() -> None:
     done = fastaccum()
     assert done.returncode == 2 and "demo" in done.stdout
+
+
+def test_version_names_the_release_and_the_core() -> None:
+    done = fastaccum("--version")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"fastaccum {__version__} ({IMPLEMENTATION} core)\n"
+
+
+@pytest.fixture()
+def busy_port() -> Iterator[int]:
+    """A loopback port something already listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+MISUSE = {
+    # name: (arguments, exit status, words the error line must hold)
+    "negative-max-event-bytes": (["replay", "x.sse", "--max-event-bytes", "-5"], 2, "--max-event-bytes"),
+    "unknown-fault-kind": (["emulator", "--fault", '{"kind":"nonsense"}'], 2, "unknown fault kind 'nonsense'"),
+    "fault-not-json": (["emulator", "--fault", "stall"], 2, "not JSON"),
+    "fault-not-an-object": (["emulator", "--fault", "[1]"], 2, "expected a JSON object"),
+    "port-in-use": (["emulator", "--port", "BUSY_PORT"], 1, "Address already in use"),
+    "unresolvable-host": (["emulator", "--host", "256.1.1.1", "--port", "0"], 1, "cannot listen on 256.1.1.1:0"),
+    "port-out-of-range": (["emulator", "--port", "70000"], 2, "from 0 to 65535"),
+    "zero-stream-interval": (["emulator", "--stream-interval", "0"], 2, "--stream-interval"),
+    "negative-token-rate": (["emulator", "--token-rate", "-1"], 2, "--token-rate"),
+    "unknown-version": (["emulator", "--version", "0.4"], 2, "invalid choice"),
+    "replay-missing-file": (["replay", "/nonexistent/stream.sse"], 1, "cannot read /nonexistent/stream.sse"),
+    "replay-directory": (["replay", "/"], 1, "cannot read /"),
+    "bad-expert-shape": (["replay", "x.sse", "--expert-shape", "3x2x1"], 2, "LAYERSxTOPK"),
+    "zero-tokens": (["demo", "--tokens", "0"], 2, "--tokens"),
+    "negative-abort-after": (["demo", "--abort-after", "-1"], 2, "--abort-after"),
+    "unknown-command": (["serve"], 2, "invalid choice"),
+    "unknown-option": (["demo", "--fast"], 2, "unrecognized arguments"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MISUSE))
+def test_misuse_ends_in_one_error_line_without_a_traceback(case: str, busy_port: int) -> None:
+    arguments, status, words = MISUSE[case]
+    done = fastaccum(*(a.replace("BUSY_PORT", str(busy_port)) for a in arguments))
+    assert done.returncode == status, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    last = done.stderr.rstrip("\n").splitlines()[-1]
+    assert last.startswith("fastaccum") and ": error: " in last, done.stderr
+    assert words in last, last
+    # argparse puts its usage lines before a usage error; anything else is the one line alone
+    if status != 2:
+        assert done.stderr.count("\n") == 1, done.stderr

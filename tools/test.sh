@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole test run, on a clean checkout: a fresh venv, the package built with its compiled core
 # required, mypy, the tests of both twins, the benchmarks once (so they cannot rot), a minute of
-# fuzzing and the suite of the core under AddressSanitizer + UBSan. `.ci/run` runs exactly this.
+# fuzzing, the suite of the core under AddressSanitizer + UBSan, and then what users install: the
+# sdist and its repaired wheels for CPython 3.11 and 3.12, each tested in a fresh venv with the
+# sdist's fast tests (tools/build_wheels.sh). `.ci/run` runs exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export FASTACCUM_REQUIRE_EXTENSIONS=1  # the build fails, and the import refuses to fall back
@@ -15,3 +17,4 @@ python3 -m venv .venv
 .venv/bin/pytest benchmarks --benchmark-disable
 PYTHON="$PWD/.venv/bin/python" tests/fuzz/run_fuzz.sh 60
 PYTHON="$PWD/.venv/bin/python" tools/sanitize.sh --asan-only
+tools/build_wheels.sh --python 3.11,3.12
