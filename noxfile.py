@@ -1,0 +1,80 @@
+"""Everyday developer sessions: ``nox -s fast`` while you work, ``nox -s full`` before you push.
+
+    nox -s fast       both twins, no slow tests, no fuzzing (about a minute of tests here)
+    nox -s lint       ruff (lint and format check) and mypy
+    nox -s pure       the pure-Python build alone (FASTACCUM_NO_EXTENSIONS=1)
+    nox -s sanitize   the core's suite and the fuzz corpus under AddressSanitizer + UBSan
+    nox -s bench      the core benchmarks and the regression gate against the committed baseline
+    nox -s wheels     the sdist and repaired wheels, each tested as users install it
+    nox -s full       exactly what CI runs (tools/test.sh)
+
+Sessions reuse their virtual environments (``-R`` skips the reinstall as well). The compiled core
+is required wherever it is built, so a broken build fails instead of testing the pure twin.
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["fast", "lint"]
+nox.options.reuse_existing_virtualenvs = True
+nox.options.default_venv_backend = "venv"
+
+# torch==2.13.0 (in the test extra) exists as a local CPU wheel for this Python only.
+PYTHON = "3.11"
+REQUIRED = {"FASTACCUM_REQUIRE_EXTENSIONS": "1"}
+
+
+def _install(session: nox.Session, extra: str = "test", **env: str) -> None:
+    session.install("--upgrade", "pip")
+    session.install(f".[{extra}]", env=env or REQUIRED)
+
+
+@nox.session(python=PYTHON)
+def fast(session: nox.Session) -> None:
+    """Both twins, without the slow tier; pytest arguments pass through (nox -s fast -- -k slime)."""
+    _install(session)
+    session.run("tools/fast_tests.sh", *session.posargs, env={"PYTHON": session.virtualenv.bin + "/python"},
+                external=True)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    session.install("ruff>=0.6", "mypy>=1.10", "numpy>=1.26", "orjson>=3.9", "aiohttp>=3.9")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("mypy", "fastaccum", "python")
+
+
+@nox.session(python=PYTHON)
+def pure(session: nox.Session) -> None:
+    """The fallback users get where the core cannot be compiled, with the compiled tests skipped."""
+    _install(session, FASTACCUM_NO_EXTENSIONS="1")
+    session.run("python", "-P", "-c", "import fastaccum; assert fastaccum.IMPLEMENTATION == 'python'",
+                env={"FASTACCUM_NO_EXTENSIONS": "1"})
+    session.run("python", "-P", "-m", "pytest", "-m", "not slow", "--no-c-extensions", "-q", "tests",
+                *session.posargs, env={"FASTACCUM_NO_EXTENSIONS": "1"})
+
+
+@nox.session(python=PYTHON)
+def sanitize(session: nox.Session) -> None:
+    _install(session)
+    session.run("tools/sanitize.sh", "--asan-only", env={"PYTHON": session.virtualenv.bin + "/python"},
+                external=True)
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Speed is judged by ratios against baselines timed in the same run, never by timed tests."""
+    _install(session, "bench,test")
+    session.run("python", "-P", "benchmarks/regress.py", *session.posargs)
+
+
+@nox.session(python=False)
+def wheels(session: nox.Session) -> None:
+    session.run("tools/build_wheels.sh", *session.posargs, external=True)
+
+
+@nox.session(python=False)
+def full(session: nox.Session) -> None:
+    session.run("tools/test.sh", external=True)
