@@ -34,8 +34,8 @@ def _install(session: nox.Session, extra: str = "test", **env: str) -> None:
 def fast(session: nox.Session) -> None:
     """Both twins, without the slow tier; pytest arguments pass through (nox -s fast -- -k slime)."""
     _install(session)
-    session.run("tools/fast_tests.sh", *session.posargs, env={"PYTHON": session.virtualenv.bin + "/python"},
-                external=True)
+    session.run("tools/fast_tests.sh", *session.posargs,
+                env={"PYTHON": session.virtualenv.bin + "/python", **REQUIRED}, external=True)
 
 
 @nox.session(python=PYTHON)
