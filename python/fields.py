@@ -1,23 +1,77 @@
-"""Base64 int32 arrays cut out of the event bytes and decoded without building a Python str."""
+"""Field readers: token ids, logprob triples and counts from a parsed event, and the base64
+values cut out of the event bytes before parsing (so no Python str is built for them)."""
 
 from __future__ import annotations
 
-import numpy as np
-import numpy.typing as npt
-import pybase64
+import math
 
-from fastaccum._messages import bad_format, type_name
-
-__all__ = ("B64_KEYS", "cut_b64_spans", "reappears", "decode_int32")
-
-# The meta_info values that are base64 int32 arrays; routed experts alone can be gigabytes.
-B64_KEYS: tuple[str, ...] = (
-    "top_p_token_ids",
-    "top_p_token_offsets",
-    "top_p_kept_token_ids",
-    "top_p_kept_token_offsets",
-    "routed_experts",
+from fastaccum._messages import (
+    LOGPROBS,
+    bad_logprob,
+    bad_logprob_entry,
+    bad_logprob_text,
+    bad_token_id,
+    not_an_array,
 )
+from fastaccum._policy import B64_KEYS
+
+__all__ = ("read_id_list", "read_logprob_list", "read_uint_at", "cut_b64_spans", "reappears")
+
+_TOKEN_ID_LIMIT = 2**31
+
+
+# ---- token ids and logprobs -------------------------------------------------------------------
+
+
+def read_id_list(index: int, where: str, value: object) -> list[int]:
+    if type(value) is not list:
+        raise not_an_array(index, where, value)
+    for i, token in enumerate(value):
+        if type(token) is not int or not 0 <= token < _TOKEN_ID_LIMIT:
+            raise bad_token_id(index, f"{where}[{i}]", token)
+    return value
+
+
+def read_logprob_list(index: int, value: object) -> tuple[list[int], list[float]]:
+    """Split ``[[logprob|null, id, text|null], ...]`` into ids and logprobs (null becomes NaN)."""
+    if type(value) is not list:
+        raise not_an_array(index, LOGPROBS, value)
+    ids: list[int] = []
+    logprobs: list[float] = []
+    for i, entry in enumerate(value):
+        if type(entry) is not list or not 2 <= len(entry) <= 3:
+            raise bad_logprob_entry(index, i)
+        logprob = entry[0]
+        if logprob is None:
+            logprobs.append(math.nan)
+        elif type(logprob) is float:
+            logprobs.append(logprob)
+        elif type(logprob) is int:
+            logprobs.append(float(logprob))
+        else:
+            raise bad_logprob(index, i, logprob)
+        token = entry[1]
+        if type(token) is not int or not 0 <= token < _TOKEN_ID_LIMIT:
+            raise bad_token_id(index, f"{LOGPROBS}[{i}][1]", token)
+        ids.append(token)
+        if len(entry) == 3 and entry[2] is not None and type(entry[2]) is not str:
+            raise bad_logprob_text(index, i, entry[2])
+    return ids, logprobs
+
+
+def read_uint_at(data: bytearray, pos: int) -> int:
+    """The unsigned integer literal at ``pos`` (1-18 digits, then ',' or '}'), or -1."""
+    end = pos
+    limit = min(len(data), pos + 19)
+    while end < limit and 0x30 <= data[end] <= 0x39:
+        end += 1
+    if end == pos or end - pos > 18 or end >= len(data) or data[end] not in b",}":
+        return -1
+    return int(data[pos:end])
+
+
+# ---- base64 values ----------------------------------------------------------------------------
+
 _QUOTED: tuple[bytes, ...] = tuple(b'"' + key.encode() for key in B64_KEYS)
 
 
@@ -73,24 +127,3 @@ def _key_before(data: bytearray, at: int, spans: dict[str, tuple[int, int]]) -> 
         if begin >= 0 and key not in spans and data[begin:at] == quoted:
             return key
     return None
-
-
-def decode_int32(
-    index: int, key: str, value: object, data: bytearray, span: tuple[int, int] | None
-) -> npt.NDArray[np.int32]:
-    """Decode one base64 int32 array, from its span in ``data`` or from the parsed str."""
-    if span is None and not isinstance(value, str):
-        raise bad_format(index, f"meta_info.{key} must be a base64 string, not {type_name(value)}")
-    source: str | memoryview
-    if span is not None:
-        source = memoryview(data)[span[0] : span[1]]
-    else:
-        assert isinstance(value, str)  # checked above
-        source = value
-    try:
-        raw = pybase64.b64decode_as_bytearray(source, validate=True)
-    except ValueError:  # binascii.Error, or a str with non-ASCII characters
-        raise bad_format(index, f"meta_info.{key} is not valid base64") from None
-    if len(raw) % 4:
-        raise bad_format(index, f"meta_info.{key} decodes to {len(raw)} bytes, not whole int32 values")
-    return np.frombuffer(raw, dtype="<i4").astype(np.int32, copy=False)

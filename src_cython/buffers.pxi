@@ -1,4 +1,12 @@
-# ---- buffers -------------------------------------------------------------------------------
+# ---- buffers ----------------------------------------------------------------------------------
+# Growable storage with explicit size and capacity, as fastaccum._py.buffers: to_array() hands out
+# copies, take_array() the storage itself (for a final result).
+
+from cpython.buffer cimport PyBUF_FORMAT, PyBUF_ND
+from cpython.mem cimport PyMem_Free, PyMem_Realloc
+from libc.stdint cimport int32_t
+
+import numpy as np
 
 cdef enum:
     MIN_CAPACITY = 256
@@ -102,6 +110,10 @@ cdef class Int32Buffer:
     cpdef object take_array(self):
         return _hand_over(<void**>&self._data, &self.size, &self.capacity, sizeof(int32_t), np.int32)
 
+    cpdef object hand_out(self, bint final):
+        """take_array() for a final result, else to_array()."""
+        return self.take_array() if final else self.to_array()
+
     cdef Py_ssize_t equals_prefix(self, const int32_t* values) noexcept:
         """Index of the first held id that differs from ``values`` (at least as long), or -1."""
         cdef Py_ssize_t i
@@ -158,4 +170,6 @@ cdef class Float64Buffer:
     cpdef object take_array(self):
         return _hand_over(<void**>&self._data, &self.size, &self.capacity, sizeof(double), np.float64)
 
-
+    cpdef object hand_out(self, bint final):
+        """take_array() for a final result, else to_array()."""
+        return self.take_array() if final else self.to_array()

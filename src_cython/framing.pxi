@@ -1,4 +1,14 @@
-# ---- framing -------------------------------------------------------------------------------
+# ---- framing ----------------------------------------------------------------------------------
+# SSE framing on raw bytes, as fastaccum._py.framing: lines end at CR, LF or CRLF only; a blank
+# line dispatches an event. The framer hands events to an EventSink (the pure twin passes a
+# callback) and, inside a large event, bytes to a ValueStream (stream.pxi; compiled twin only).
+
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
+from libc.string cimport memcmp, memcpy
+
+from fa_bytes cimport fa_find_line_end
+
+from fastaccum._messages import too_large
 
 cdef enum:
     # Line states, as in fastaccum._py.framing.
@@ -9,6 +19,54 @@ cdef enum:
 
 cdef const char* BOM = b"\xef\xbb\xbf"
 cdef const char* DATA_FIELD = b"data:"
+# Events below this size are cut after dispatch (fields.pxi); streaming is not worth it.
+cdef Py_ssize_t STREAM_AFTER_BYTES = 4 << 20
+
+
+def _stream_after_bytes(n=None):
+    """Test and debugging hook: the event size at which the streamed scan starts (returns the old
+    value; a huge n turns streaming off, a small one makes every event take it)."""
+    global STREAM_AFTER_BYTES
+    old = STREAM_AFTER_BYTES
+    if n is not None:
+        STREAM_AFTER_BYTES = n
+    return old
+
+
+cdef class ValueStream:
+    """Compiled twin only: the base64 values of one large event, taken while its bytes arrive
+    (SpanScan in stream.pxi). The framer feeds it; this base does nothing."""
+
+    cdef bint streaming  # inside a value being decoded: the framer hands the bytes here first
+    cdef bint off  # given up: the event takes the ordinary path
+    cdef readonly Py_ssize_t consumed  # characters taken out of the event data
+
+    cdef int advance(self, bytearray data, bint at_end=False) except -1:
+        """Look at the newly arrived data."""
+        return 0
+
+    cdef Py_ssize_t take(self, bytearray data, const char* p, Py_ssize_t offset, Py_ssize_t n) except -1:
+        """Take value characters from p[offset:n]; return how many."""
+        return 0
+
+    cdef Py_ssize_t destream(self, bytearray data) except -1:
+        """Put what was taken back into data; stop."""
+        return 0
+
+
+cdef class EventSink:
+    """What the framer hands each completed event to: the accumulator."""
+
+    cdef int _dispatch(self, bytearray data, Py_ssize_t index, ValueStream scan) except -1:
+        return 0
+
+    cdef bint _event_in_place(self, const unsigned char* data, Py_ssize_t n, Py_ssize_t index) except -1:
+        """Apply a whole event straight from the fed piece; False: it needs _dispatch."""
+        return False
+
+    cdef ValueStream _value_stream(self):
+        """A new ValueStream for an event that grew past STREAM_AFTER_BYTES."""
+        return ValueStream()
 
 
 cdef class SseFramer:
@@ -28,10 +86,10 @@ cdef class SseFramer:
     cdef int _state
     cdef bint _after_cr
     cdef bint _at_start
-    cdef StreamAccumulator _owner  # the dispatch target (a callback in the pure twin)
-    cdef SpanScan _scan  # the streamed base64 scan of a large event (compiled twin only)
+    cdef EventSink _owner  # the dispatch target (a callback in the pure twin)
+    cdef ValueStream _scan  # the streamed base64 values of a large event (compiled twin only)
 
-    def __cinit__(self, max_event_bytes, StreamAccumulator owner):
+    def __cinit__(self, max_event_bytes, EventSink owner):
         self.max_event_bytes = max_event_bytes
         self._limit = -1 if max_event_bytes is None else max_event_bytes
         self.data = bytearray()
@@ -60,7 +118,7 @@ cdef class SseFramer:
                     pos = end
                     count += 1
                     continue
-            end = find_line_end(buf, pos, n)
+            end = fa_find_line_end(buf, pos, n)
             if end < 0:
                 self._take(buf, pos, n)
                 break
@@ -84,7 +142,7 @@ cdef class SseFramer:
         start = pos + 5
         if buf[start] == 32:
             start += 1
-        end = find_line_end(buf, start, n)
+        end = fa_find_line_end(buf, start, n)
         if (
             end < 0
             or buf[end] != 10  # a CR line end: the line-by-line route
@@ -167,10 +225,10 @@ cdef class SseFramer:
         self._check_size()
         if self._scan is not None:
             if not self._scan.off and not self._scan.streaming:
-                self._scan.advance(self.data, self._owner._expert_shape)
+                self._scan.advance(self.data)
         elif old + n >= STREAM_AFTER_BYTES:
-            self._scan = SpanScan()
-            self._scan.advance(self.data, self._owner._expert_shape)
+            self._scan = self._owner._value_stream()
+            self._scan.advance(self.data)
         return 0
 
     cdef int _check_size(self) except -1:
@@ -185,6 +243,7 @@ cdef class SseFramer:
         cdef int state = self._state
         cdef bytearray data
         cdef Py_ssize_t index
+        cdef ValueStream scan
         self._state = HEAD
         self._at_start = False
         if state != HEAD:
