@@ -10,6 +10,7 @@ in docs/core.md.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,7 @@ __all__ = (
     "decode_int32",
     "int32_array",
     "build_result",
+    "feed_all",
 )
 
 MODES = ("auto", "cumulative", "incremental")
@@ -348,26 +350,32 @@ def read_routed(
 
 
 def build_result(
+    final: bool,
     mode: str,
-    token_ids: npt.NDArray[np.int32],
-    logprobs: npt.NDArray[np.float64] | None,
+    ids: Any,
+    logprobs: Any,
     text_parts: list[str] | None,
     finish_reason: dict[str, Any] | None,
     meta: dict[str, Any],
-    top_p: tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]] | None,
+    top_p_ids: Any,
+    top_p_offsets: Any,
     routed: npt.NDArray[np.int32] | None,
     events: int,
 ) -> StreamResult:
-    """The result so far, from the arrays the caller handed out (copies, or for finish() the
-    buffers' storage). Text parts are joined here; meta_info loses the lists and arrays the result
-    carries as arrays."""
+    """The result so far, from the twin's buffers (``logprobs`` None: the stream has none; top-p
+    None: none yet): copies of them, or for ``final`` (finish()) their storage itself. Text parts
+    are joined here; meta_info loses the lists and arrays the result carries as arrays."""
+    top_p = None
+    if top_p_ids is not None and top_p_offsets is not None:
+        top_p = top_p_ids.hand_out(final), top_p_offsets.hand_out(final)
+    token_ids = ids.hand_out(final)
     text = None
     if text_parts is not None:
         text = text_parts[0] if len(text_parts) == 1 else "".join(text_parts)
     return StreamResult(
         mode=mode,
         token_ids=token_ids,
-        logprobs=logprobs,
+        logprobs=logprobs.hand_out(final) if logprobs is not None else None,
         text=text,
         finish_reason=dict(finish_reason) if finish_reason is not None else None,
         meta_info={k: v for k, v in meta.items() if k not in _DROPPED_META},
@@ -377,3 +385,11 @@ def build_result(
         routed_experts=routed,
         events=events,
     )
+
+
+def feed_all(accumulator: Any, pieces: Iterable[bytes | bytearray | memoryview]) -> StreamResult:
+    """accumulate(): feed every piece, then finish()."""
+    for piece in pieces:
+        accumulator.feed(piece)
+    result: StreamResult = accumulator.finish()
+    return result

@@ -36,6 +36,7 @@ from fastaccum._policy import (
     event_counts,
     event_finish,
     event_meta,
+    feed_all,
     finish_error,
     read_routed,
     read_top_p,
@@ -360,19 +361,9 @@ class StreamAccumulator:
 
     def _build(self, final: bool = False) -> StreamResult:
         """The result so far; ``final``: the buffers' storage goes to it (finish(), no copies)."""
-        top_p = None
-        if self._top_p_ids is not None and self._top_p_offsets is not None:
-            top_p = self._top_p_ids.hand_out(final), self._top_p_offsets.hand_out(final)
         result = build_result(
-            self._mode,
-            self._ids.hand_out(final),
-            self._logprobs.hand_out(final) if self._has_logprobs else None,
-            self._text_parts,
-            self._finish_reason,
-            self._meta,
-            top_p,
-            self._routed,
-            self._events,
+            final, self._mode, self._ids, self._logprobs if self._has_logprobs else None, self._text_parts,
+            self._finish_reason, self._meta, self._top_p_ids, self._top_p_offsets, self._routed, self._events,
         )
         if result.text is not None:
             self._text_parts = [result.text]  # join once; later deltas append to the joined text
@@ -381,7 +372,4 @@ class StreamAccumulator:
 
 def accumulate(pieces: Iterable[bytes | bytearray | memoryview], /, **kwargs: Any) -> StreamResult:
     """Feed every piece to a new StreamAccumulator(**kwargs), then finish()."""
-    accumulator = StreamAccumulator(**kwargs)
-    for piece in pieces:
-        accumulator.feed(piece)
-    return accumulator.finish()
+    return feed_all(StreamAccumulator(**kwargs), pieces)

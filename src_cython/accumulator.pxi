@@ -37,6 +37,7 @@ from fastaccum._policy import (
     event_counts,
     event_finish,
     event_meta,
+    feed_all,
     finish_error,
     int32_array,
     read_routed,
@@ -500,19 +501,9 @@ cdef class StreamAccumulator(EventSink):
 
     cdef object _build(self, bint final=False):
         """The result so far; ``final``: the buffers' storage goes to it (finish(), no copies)."""
-        top_p = None
-        if self._top_p_ids is not None and self._top_p_offsets is not None:
-            top_p = self._top_p_ids.hand_out(final), self._top_p_offsets.hand_out(final)
         result = build_result(
-            self._mode,
-            self._ids.hand_out(final),
-            self._logprobs.hand_out(final) if self._has_logprobs else None,
-            self._text_parts,
-            self._finish_reason,
-            self._meta_dict(),
-            top_p,
-            self._routed,
-            self._events,
+            final, self._mode, self._ids, self._logprobs if self._has_logprobs else None, self._text_parts,
+            self._finish_reason, self._meta_dict(), self._top_p_ids, self._top_p_offsets, self._routed, self._events,
         )
         if result.text is not None:
             self._text_parts = [result.text]  # join once; later deltas append to the joined text
@@ -521,7 +512,4 @@ cdef class StreamAccumulator(EventSink):
 
 def accumulate(pieces, /, **kwargs):
     """Feed every piece to a new StreamAccumulator(**kwargs), then finish()."""
-    accumulator = StreamAccumulator(**kwargs)
-    for piece in pieces:
-        accumulator.feed(piece)
-    return accumulator.finish()
+    return feed_all(StreamAccumulator(**kwargs), pieces)
