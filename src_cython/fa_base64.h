@@ -21,7 +21,8 @@ static signed char fa_b64_value[256];
 static inline void fa_b64_init(void) {
     const char *alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     memset(fa_b64_value, -1, sizeof fa_b64_value);
-    for (int i = 0; i < 64; i++) fa_b64_value[(unsigned char)alphabet[i]] = (signed char)i;
+    for (int i = 0; i < 64; i++)
+        fa_b64_value[(unsigned char)alphabet[i]] = (signed char)i;
 }
 
 /* n is a multiple of 4; writes n / 4 * 3 bytes; 0 if a character is outside the alphabet. */
@@ -29,7 +30,8 @@ static inline int fa_b64_decode_plain(const unsigned char *src, size_t n, unsign
     for (size_t i = 0; i < n; i += 4, out += 3) {
         int a = fa_b64_value[src[i]], b = fa_b64_value[src[i + 1]];
         int c = fa_b64_value[src[i + 2]], d = fa_b64_value[src[i + 3]];
-        if ((a | b | c | d) < 0) return 0;
+        if ((a | b | c | d) < 0)
+            return 0;
         uint32_t v = (uint32_t)a << 18 | (uint32_t)b << 12 | (uint32_t)c << 6 | (uint32_t)d;
         out[0] = (unsigned char)(v >> 16);
         out[1] = (unsigned char)(v >> 8);
@@ -48,8 +50,9 @@ static inline int fa_b64_decode_plain(const unsigned char *src, size_t n, unsign
    four 6-bit values of each dword are merged by two multiply-adds and the three bytes of every
    dword gathered to the front. Each step stores 32 bytes for 24 decoded, so it runs only while
    that store stays inside the output (44 characters left); the plain loop does the rest. */
-__attribute__((target("avx2")))
-static inline int fa_b64_decode_avx2(const unsigned char *src, size_t n, unsigned char *out) {
+static inline __attribute__((target("avx2"))) int fa_b64_decode_avx2(const unsigned char *src, size_t n,
+                                                                     unsigned char *out) {
+    // clang-format off
     const __m256i lo_classes = _mm256_setr_epi8(
         0x15, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x13, 0x1a, 0x1b, 0x1b, 0x1b, 0x1a,
         0x15, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x13, 0x1a, 0x1b, 0x1b, 0x1b, 0x1a);
@@ -63,6 +66,7 @@ static inline int fa_b64_decode_avx2(const unsigned char *src, size_t n, unsigne
         2, 1, 0, 6, 5, 4, 10, 9, 8, 14, 13, 12, -1, -1, -1, -1,
         2, 1, 0, 6, 5, 4, 10, 9, 8, 14, 13, 12, -1, -1, -1, -1);
     const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 4, 5, 6, 3, 7);
+    // clang-format on
     const __m256i nibble = _mm256_set1_epi8(0x0f);
     const __m256i slash = _mm256_set1_epi8('/');
     __m256i bad = _mm256_setzero_si256();
@@ -71,8 +75,8 @@ static inline int fa_b64_decode_avx2(const unsigned char *src, size_t n, unsigne
         __m256i s = _mm256_loadu_si256((const __m256i *)(src + i));
         __m256i hi = _mm256_and_si256(_mm256_srli_epi32(s, 4), nibble);
         __m256i lo = _mm256_and_si256(s, nibble);
-        bad = _mm256_or_si256(bad, _mm256_and_si256(_mm256_shuffle_epi8(lo_classes, lo),
-                                                    _mm256_shuffle_epi8(hi_classes, hi)));
+        bad = _mm256_or_si256(
+            bad, _mm256_and_si256(_mm256_shuffle_epi8(lo_classes, lo), _mm256_shuffle_epi8(hi_classes, hi)));
         __m256i row = _mm256_add_epi8(hi, _mm256_cmpeq_epi8(s, slash));
         __m256i v = _mm256_add_epi8(s, _mm256_shuffle_epi8(offsets, row));
         v = _mm256_maddubs_epi16(v, _mm256_set1_epi32(0x01400140));
@@ -80,7 +84,8 @@ static inline int fa_b64_decode_avx2(const unsigned char *src, size_t n, unsigne
         v = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(v, gather), lanes);
         _mm256_storeu_si256((__m256i *)out, v);
     }
-    if (!_mm256_testz_si256(bad, bad)) return 0;
+    if (!_mm256_testz_si256(bad, bad))
+        return 0;
     return fa_b64_decode_plain(src + i, n - i, out);
 }
 

@@ -71,7 +71,7 @@ static inline uint64_t fa_load8(const unsigned char *p) {
    only reach bytes after the first non-digit, which are not counted. */
 static inline int fa_digit_run(uint64_t v) {
     uint64_t bad = ((v & 0xF0F0F0F0F0F0F0F0ULL) ^ 0x3030303030303030ULL)
-                 | (((v + 0x0606060606060606ULL) & 0xF0F0F0F0F0F0F0F0ULL) ^ 0x3030303030303030ULL);
+                   | (((v + 0x0606060606060606ULL) & 0xF0F0F0F0F0F0F0F0ULL) ^ 0x3030303030303030ULL);
     return bad ? fa_ctz64(bad) >> 3 : 8;
 }
 /* The value of the first n (1..8) digits in v: shifted to the top so the dropped bytes become
@@ -88,14 +88,17 @@ static inline uint64_t fa_digits_value(uint64_t v, int n) {
 static inline int fa_string_stop(uint64_t v) {
     const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
     uint64_t quote = v ^ (ones * 0x22), backslash = v ^ (ones * 0x5C);
-    uint64_t special = (((quote - ones) & ~quote) | ((backslash - ones) & ~backslash)
-                        | ((v - ones * 0x20) & ~v) | v) & highs;
+    uint64_t special =
+        (((quote - ones) & ~quote) | ((backslash - ones) & ~backslash) | ((v - ones * 0x20) & ~v) | v)
+        & highs;
     return special ? fa_ctz64(special) >> 3 : 8;
 }
 static const uint64_t fa_pow10_u[9] = {1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000};
+// clang-format off
 static const double fa_pow10_d[23] = {
     1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
     1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+// clang-format on
 /* 5**q for q in [FA_Q_MIN, FA_Q_MAX] as t * 2**-s with t the 64-bit significand truncated
    (2**63 <= t < 2**64); filled once at import from exact integers (fa_set_pow5). */
 #define FA_Q_MIN (-348)
@@ -106,13 +109,13 @@ static inline void fa_set_pow5(int q, uint64_t t, int s) {
     fa_pow5_t[q - FA_Q_MIN] = t;
     fa_pow5_s[q - FA_Q_MIN] = s;
 }
-/* w * 10**q correctly rounded to a double, or 0 with *ok = 0 when this cannot tell (the
-   caller then uses a correctly rounded parser).
-   Clinger's exact case first, where FA_CLINGER allows it. Otherwise, with w normalised (top bit set), the 128-bit product
-   A = w * t falls short of the exact X = w * 5**q * 2**s by less than 2**64 (t is truncated),
-   so only A's low 64 bits are uncertain. Rounding A's top 53 bits is then right unless the
-   bits below them lie within 2**64 under the halfway point, or exactly on it: those rare
-   cases are refused. */
+/* w * 10**q correctly rounded to a double, or 0 with *ok = 0 when this cannot tell (the caller then
+   uses a correctly rounded parser).
+   Clinger's exact case first, where FA_CLINGER allows it. Otherwise, with w normalised (top bit
+   set), the 128-bit product A = w * t falls short of the exact X = w * 5**q * 2**s by less than
+   2**64 (t is truncated), so only A's low 64 bits are uncertain. Rounding A's top 53 bits is then
+   right unless the bits below them lie within 2**64 under the halfway point, or exactly on it:
+   those rare cases are refused. */
 static inline double fa_scale(uint64_t w, int q, int *ok) {
     *ok = 1;
     if (FA_CLINGER && w <= 9007199254740992ULL && q >= -22 && q <= 22) {
@@ -123,14 +126,14 @@ static inline double fa_scale(uint64_t w, int q, int *ok) {
         return 0.0;
     *ok = 0;
 #ifndef __SIZEOF_INT128__
-    return 0.0;  /* no 128-bit product here: the correctly rounded parser decides */
+    return 0.0; /* no 128-bit product here: the correctly rounded parser decides */
 #else
     if (q < FA_Q_MIN || q > FA_Q_MAX)
         return 0.0;
     int lz = fa_clz64(w);
     unsigned __int128 a = (unsigned __int128)(w << lz) * fa_pow5_t[q - FA_Q_MIN];
     uint64_t hi = (uint64_t)(a >> 64), lo = (uint64_t)a;
-    int shift = (hi >> 63) ? 11 : 10;  /* bits of hi below the 53 kept */
+    int shift = (hi >> 63) ? 11 : 10; /* bits of hi below the 53 kept */
     uint64_t m = hi >> shift;
     uint64_t dropped = hi & ((1ULL << shift) - 1), half = 1ULL << (shift - 1);
     if (dropped == half - 1 || (dropped == half && lo == 0))
@@ -145,7 +148,7 @@ static inline double fa_scale(uint64_t w, int q, int *ok) {
     /* value = m * 2**(shift + 64) * 2**(q - s - lz); m's top bit is bit 52 */
     int biased = shift + 64 + q - fa_pow5_s[q - FA_Q_MIN] - lz + 52 + 1023;
     if (biased < 1 || biased > 2046)
-        return 0.0;  /* subnormal or overflow: the slow path decides */
+        return 0.0; /* subnormal or overflow: the slow path decides */
     uint64_t bits = ((uint64_t)biased << 52) | (m & ((1ULL << 52) - 1));
     double out;
     memcpy(&out, &bits, 8);
@@ -174,7 +177,7 @@ static inline int fa_number(const unsigned char **pp, const unsigned char *end, 
     if (*p == '0') {
         p++;
         if (p < end && fa_is_digit(*p))
-            return FA_NUMBER_BAD;  /* a leading zero is not JSON */
+            return FA_NUMBER_BAD; /* a leading zero is not JSON */
     } else {
         do {
             if (sig < 19) {
@@ -193,7 +196,7 @@ static inline int fa_number(const unsigned char **pp, const unsigned char *end, 
         if (p >= end || !fa_is_digit(*p))
             return FA_NUMBER_BAD;
         if (w == 0) {
-            while (p < end && *p == '0') {  /* leading zeros only move the exponent */
+            while (p < end && *p == '0') { /* leading zeros only move the exponent */
                 e10--;
                 p++;
             }
