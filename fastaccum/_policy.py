@@ -18,18 +18,21 @@ import numpy.typing as npt
 import pybase64
 
 from fastaccum._messages import (
+    bad_base64,
     bad_count,
-    bad_expert_shape,
-    bad_format,
-    bad_length,
-    bad_max_event_bytes,
-    bad_mode,
+    bad_offsets,
+    bad_option,
+    broken,
+    echo_short,
     fed_after_finish,
+    input_ended,
+    not_an_object,
     not_bytes,
-    not_whole_int32,
+    routed_size,
     server_error,
-    truncated,
-    type_name,
+    top_p_half,
+    top_p_rows,
+    wrong_type,
 )
 from fastaccum.errors import StreamError
 from fastaccum.result import StreamResult
@@ -89,15 +92,15 @@ _DROPPED_META = frozenset(
 def check_options(mode: object, expert_shape: object, max_event_bytes: object) -> None:
     """The constructor's arguments, checked in order; the first wrong one raises ValueError."""
     if mode not in MODES:
-        raise bad_mode(mode)
+        raise bad_option("mode", mode)
     if expert_shape is not None and (
         not isinstance(expert_shape, tuple)
         or len(expert_shape) != 2
         or any(type(x) is not int or x <= 0 for x in expert_shape)
     ):
-        raise bad_expert_shape(expert_shape)
+        raise bad_option("expert_shape", expert_shape)
     if max_event_bytes is not None and (type(max_event_bytes) is not int or max_event_bytes < 0):
-        raise bad_max_event_bytes(max_event_bytes)
+        raise bad_option("max_event_bytes", max_event_bytes)
 
 
 def refused_feed(data: object, error: StreamError | None, finished: bool) -> Exception:
@@ -115,11 +118,9 @@ def finish_error(events: int, mid_event: bool, data: bytes | bytearray, finished
     """What end of input means: None when the stream is complete (``data``: the unfinished
     event's bytes, which may still be a prefix of [DONE])."""
     if not finished:
-        if mid_event:
-            return truncated(events, "input ended inside an event, before a terminal finish_reason")
-        return truncated(events, "input ended before a terminal finish_reason")
+        return input_ended(events, mid_event)
     if mid_event and not b"[DONE]".startswith(data):
-        return bad_format(events, "data after the terminal event")
+        return broken(events, "after_terminal")
     return None
 
 
@@ -127,12 +128,12 @@ def end_event(index: int, done: bool, finished: bool, is_done: bool) -> None:
     """An event at the end of the stream (after [DONE], after the terminal event, or [DONE]
     itself): raise unless it is the [DONE] that follows the terminal event."""
     if done:
-        raise bad_format(index, "data after [DONE]")
+        raise broken(index, "after_done")
     if is_done:
         if not finished:
-            raise truncated(index, "[DONE] before a terminal finish_reason")
+            raise input_ended(index, None)
         return
-    raise bad_format(index, "data after the terminal event")
+    raise broken(index, "after_terminal")
 
 
 # ---- a parsed event ---------------------------------------------------------------------------
@@ -141,16 +142,16 @@ def end_event(index: int, done: bool, finished: bool, is_done: bool) -> None:
 def event_meta(index: int, obj: object) -> dict[str, Any]:
     """The meta_info of a parsed event, once the event is known to be a single request's."""
     if type(obj) is not dict:
-        raise bad_format(index, f"data is a JSON {type_name(obj)}, not an object")
+        raise not_an_object(index, obj)
     if "error" in obj:
         raise server_error(index, obj["error"])
     if "index" in obj:
-        raise bad_format(index, 'a batch stream (top-level "index") is not one request')
+        raise broken(index, "batch")
     meta = obj.get("meta_info")
     if type(meta) is not dict:
         if "meta_info" not in obj:
-            raise bad_format(index, "meta_info is missing")
-        raise bad_format(index, f"meta_info must be an object, not {type_name(meta)}")
+            raise broken(index, "no_meta")
+        raise wrong_type(index, "meta_info", "an object", meta)
     return meta
 
 
@@ -158,7 +159,7 @@ def event_finish(index: int, meta: dict[str, Any]) -> tuple[dict[str, Any] | Non
     """(finish_reason or None, whether the event is an abort echo)."""
     finish = meta.get("finish_reason")
     if finish is not None and type(finish) is not dict:
-        raise bad_format(index, f"meta_info.finish_reason must be an object or null, not {type_name(finish)}")
+        raise wrong_type(index, "meta_info.finish_reason", "an object or null", finish)
     echo = finish is not None and finish.get("type") == "abort" and "prompt_tokens" not in meta
     return finish, echo
 
@@ -181,7 +182,7 @@ def event_counts(
     prompt = _count(index, meta, "prompt_tokens")
     text = obj.get("text")
     if text is not None and type(text) is not str:
-        raise bad_format(index, f"text must be a string, not {type_name(text)}")
+        raise wrong_type(index, "text", "a string", text)
     return completion, lp_length, prompt, text
 
 
@@ -197,22 +198,16 @@ def echo_start(
     The list holds the full list at its tail (a coalesced delta may precede it); the caller checks
     the full list's first ``held`` ids against the held ones."""
     if completion is None:
-        raise bad_format(index, "abort echo without completion_tokens")
+        raise broken(index, "echo_no_total")
     if completion < held:
-        raise bad_length(
-            index, mode, f"abort echo reports {completion} tokens, fewer than the {held} held", held, completion
-        )
+        raise echo_short(index, mode, completion, held, carried=True)
     if completion == held:
         return -1
     if logprob_ids is not None and logprob_ids >= completion:
         return logprob_ids - completion + held
     if logprob_ids is None and mode == "cumulative" and output_ids == completion:
         return held
-    raise bad_length(
-        index, mode,
-        f"abort echo reports {completion} tokens, {held} held, and does not carry the missing ones",
-        completion, held,
-    )
+    raise echo_short(index, mode, completion, held, carried=False)
 
 
 def echo_text(mode: str, held: list[str] | None, echoed: str | None) -> str | None:
@@ -243,7 +238,7 @@ def int32_array(index: int, key: str, raw: Any) -> npt.NDArray[np.int32]:
     """Decoded bytes (any buffer) as little-endian int32 values."""
     size = memoryview(raw).nbytes
     if size % 4:
-        raise not_whole_int32(index, key, size)
+        raise bad_base64(index, key, size)
     return np.frombuffer(raw, dtype="<i4").astype(np.int32, copy=False)
 
 
@@ -252,12 +247,12 @@ def decode_int32(
 ) -> npt.NDArray[np.int32]:
     """Decode one base64 int32 array, from its span in ``data`` or from the parsed str."""
     if span is None and type(value) is not str:
-        raise bad_format(index, f"meta_info.{key} must be a base64 string, not {type_name(value)}")
+        raise wrong_type(index, f"meta_info.{key}", "a base64 string", value)
     source: str | memoryview = memoryview(data)[span[0] : span[1]] if span is not None else str(value)
     try:
         raw = pybase64.b64decode_as_bytearray(source, validate=True)
     except ValueError:  # binascii.Error, or a str with non-ASCII characters
-        raise bad_format(index, f"meta_info.{key} is not valid base64") from None
+        raise bad_base64(index, key) from None
     finally:
         del source  # release the view so the event buffer can be freed or resized
     return int32_array(index, key, raw)
@@ -268,11 +263,11 @@ def decode_int32(
 
 def _check_offsets(index: int, key: str, offsets: npt.NDArray[np.int32], n_ids: int) -> None:
     if offsets.shape[0] == 0 or offsets[0] != 0:
-        raise bad_format(index, f"meta_info.{key} must start at 0")
+        raise bad_offsets(index, key, -1)
     if offsets.shape[0] > 1 and bool(np.any(offsets[1:] < offsets[:-1])):
-        raise bad_format(index, f"meta_info.{key} decreases")
+        raise bad_offsets(index, key, None)
     if offsets[-1] != n_ids:
-        raise bad_format(index, f"meta_info.{key} ends at {int(offsets[-1])}, not at the {n_ids} ids")
+        raise bad_offsets(index, key, int(offsets[-1]), n_ids)
 
 
 def read_top_p(
@@ -293,11 +288,11 @@ def read_top_p(
             break
     else:
         if rows_held is not None and added > 0:
-            raise bad_format(index, f"top-p rows missing for the {added} new tokens")
+            raise top_p_rows(index, mode, None, added, held + added)
         return None
     if ids_key not in meta or offsets_key not in meta:
         present, missing = (ids_key, offsets_key) if ids_key in meta else (offsets_key, ids_key)
-        raise bad_format(index, f"meta_info.{present} without meta_info.{missing}")
+        raise top_p_half(index, present, missing)
     ids = decode_int32(index, ids_key, meta[ids_key], data, spans.get(ids_key))
     offsets = decode_int32(index, offsets_key, meta[offsets_key], data, spans.get(offsets_key))
     _check_offsets(index, offsets_key, offsets, ids.shape[0])
@@ -307,11 +302,7 @@ def read_top_p(
         return ids, offsets, True
     if rows == added and (rows_held or 0) == held:
         return ids, offsets, False
-    raise bad_length(
-        index, mode,
-        f"top-p has {rows} rows; expected {added} (this event's new tokens) or {total} (all tokens)",
-        total, rows,
-    )
+    raise top_p_rows(index, mode, rows, added, total)
 
 
 # ---- routed experts ---------------------------------------------------------------------------
@@ -331,18 +322,12 @@ def read_routed(
     if expert_shape is None:
         return routed
     if prompt is None:
-        raise bad_format(index, "routed_experts without prompt_tokens cannot be checked against expert_shape")
+        raise broken(index, "routed_no_prompt")
     layers, topk = expert_shape
     done = completion if completion is not None else total
     rows = prompt + done - 1
-    expected = max(rows, 0) * layers * topk
-    if rows < 0 or routed.shape[0] != expected:
-        raise bad_length(
-            index, mode,
-            f"routed_experts has {routed.shape[0]} values; expected "
-            f"({prompt} + {done} - 1) x {layers} x {topk} = {expected}",
-            expected, routed.shape[0],
-        )
+    if rows < 0 or routed.shape[0] != max(rows, 0) * layers * topk:
+        raise routed_size(index, mode, routed.shape[0], prompt, done, expert_shape)
     return routed.reshape(rows, layers, topk)
 
 

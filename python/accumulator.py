@@ -15,14 +15,12 @@ import numpy.typing as npt
 import orjson
 
 from fastaccum._messages import (
+    broken,
     changed_token,
-    ids_disagree,
     length_decreased,
     lengths_disagree,
     logprobs_switched,
     mode_mismatch,
-    no_tokens,
-    no_total,
     not_json,
 )
 from fastaccum._policy import (
@@ -267,16 +265,16 @@ class StreamAccumulator:
             if lp_ids is not None:
                 listed = lp_ids
                 if ids_field is not None and ids_field != lp_ids:
-                    raise ids_disagree(index)
+                    raise broken(index, "ids_disagree")
             elif ids_field is not None:
                 listed = ids_field
             else:
-                raise no_tokens(index)
+                raise broken(index, "no_tokens")
             if lp_length is not None and completion is not None and lp_length != completion:
                 raise lengths_disagree(index, mode, lp_length, completion)
             reported = lp_length if lp_length is not None else completion
             if reported is None:
-                raise no_total(index)
+                raise broken(index, "no_total")
             listed_n = len(listed)
             cumulative_fits = listed_n == reported and reported >= held
             incremental_fits = held + listed_n == reported

@@ -7,11 +7,9 @@ import math
 
 from fastaccum._messages import (
     LOGPROBS,
-    bad_logprob,
     bad_logprob_entry,
-    bad_logprob_text,
     bad_token_id,
-    not_an_array,
+    wrong_type,
 )
 from fastaccum._policy import B64_KEYS
 
@@ -25,7 +23,7 @@ _TOKEN_ID_LIMIT = 2**31
 
 def read_id_list(index: int, where: str, value: object) -> list[int]:
     if type(value) is not list:
-        raise not_an_array(index, where, value)
+        raise wrong_type(index, where, "an array", value)
     for i, token in enumerate(value):
         if type(token) is not int or not 0 <= token < _TOKEN_ID_LIMIT:
             raise bad_token_id(index, f"{where}[{i}]", token)
@@ -35,7 +33,7 @@ def read_id_list(index: int, where: str, value: object) -> list[int]:
 def read_logprob_list(index: int, value: object) -> tuple[list[int], list[float]]:
     """Split ``[[logprob|null, id, text|null], ...]`` into ids and logprobs (null becomes NaN)."""
     if type(value) is not list:
-        raise not_an_array(index, LOGPROBS, value)
+        raise wrong_type(index, LOGPROBS, "an array", value)
     ids: list[int] = []
     logprobs: list[float] = []
     for i, entry in enumerate(value):
@@ -49,13 +47,13 @@ def read_logprob_list(index: int, value: object) -> tuple[list[int], list[float]
         elif type(logprob) is int:
             logprobs.append(float(logprob))
         else:
-            raise bad_logprob(index, i, logprob)
+            raise bad_logprob_entry(index, i, 0, logprob)
         token = entry[1]
         if type(token) is not int or not 0 <= token < _TOKEN_ID_LIMIT:
             raise bad_token_id(index, f"{LOGPROBS}[{i}][1]", token)
         ids.append(token)
         if len(entry) == 3 and entry[2] is not None and type(entry[2]) is not str:
-            raise bad_logprob_text(index, i, entry[2])
+            raise bad_logprob_entry(index, i, 2, entry[2])
     return ids, logprobs
 
 

@@ -15,14 +15,12 @@ from fa_bytes cimport fa_find_bytes, fa_rfind_bytes
 import orjson
 
 from fastaccum._messages import (
+    broken,
     changed_token,
-    ids_disagree,
     length_decreased,
     lengths_disagree,
     logprobs_switched,
     mode_mismatch,
-    no_tokens,
-    no_total,
     not_json,
 )
 from fastaccum._policy import (
@@ -379,17 +377,17 @@ cdef class StreamAccumulator(EventSink):
                     out_ids.size != listed_n
                     or (listed_n and memcmp(out_ids._data, listed, listed_n * sizeof(int32_t)) != 0)
                 ):
-                    raise ids_disagree(index)
+                    raise broken(index, "ids_disagree")
             elif has_output_ids:
                 listed = out_ids._data
                 listed_n = out_ids.size
             else:
-                raise no_tokens(index)
+                raise broken(index, "no_tokens")
             if lp_length is not None and completion is not None and lp_length != completion:
                 raise lengths_disagree(index, mode, lp_length, completion)
             reported_obj = lp_length if lp_length is not None else completion
             if reported_obj is None:
-                raise no_total(index)
+                raise broken(index, "no_total")
             reported = reported_obj
             cumulative_fits = listed_n == reported and reported >= held
             incremental_fits = held + listed_n == reported

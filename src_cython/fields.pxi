@@ -16,11 +16,9 @@ from fa_bytes cimport fa_find_bytes
 
 from fastaccum._messages import (
     LOGPROBS,
-    bad_logprob,
     bad_logprob_entry,
-    bad_logprob_text,
     bad_token_id,
-    not_an_array,
+    wrong_type,
 )
 from fastaccum._policy import B64_KEYS
 
@@ -61,7 +59,7 @@ cdef int read_id_list(Py_ssize_t index, str where, object value, Int32Buffer out
     cdef int32_t* dst
     cdef PyObject* item
     if type(value) is not list:
-        raise not_an_array(index, where, value)
+        raise wrong_type(index, where, "an array", value)
     n = PyList_GET_SIZE(value)
     out.clear()
     out.reserve(n)
@@ -86,7 +84,7 @@ cdef Py_ssize_t read_logprob_list(Py_ssize_t index, object value, Int32Buffer id
     cdef int32_t* id_out
     cdef double* lp_out
     if type(value) is not list:
-        raise not_an_array(index, LOGPROBS, value)
+        raise wrong_type(index, LOGPROBS, "an array", value)
     n = PyList_GET_SIZE(value)
     ids.clear()
     logprobs.clear()
@@ -109,14 +107,14 @@ cdef Py_ssize_t read_logprob_list(Py_ssize_t index, object value, Int32Buffer id
         elif PyLong_CheckExact(logprob):
             lp_out[i] = float(<object>logprob)
         else:
-            raise bad_logprob(index, i, <object>logprob)
+            raise bad_logprob_entry(index, i, 0, <object>logprob)
         token = PyList_GET_ITEM(<object>entry, 1)
         if not _token_id(token, id_out + i):
             raise bad_token_id(index, f"{LOGPROBS}[{i}][1]", <object>token)
         if width == 3:
             text = PyList_GET_ITEM(<object>entry, 2)
             if text != Py_None and not PyUnicode_CheckExact(text):
-                raise bad_logprob_text(index, i, <object>text)
+                raise bad_logprob_entry(index, i, 2, <object>text)
     ids.size = n
     logprobs.size = n
     return n
