@@ -1,7 +1,10 @@
 """Build fastaccum: the compiled twin (fastaccum._cy) when possible, the pure twin always."""
 
+import glob
 import os
 import sys
+import sysconfig
+import tempfile
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -18,8 +21,43 @@ if NO_EXTENSIONS and REQUIRE_EXTENSIONS:
     raise SystemExit("FASTACCUM_REQUIRE_EXTENSIONS=1 contradicts FASTACCUM_NO_EXTENSIONS=1")
 
 
+# What the C headers in src_cython/ chose for this compiler and platform, each macro expanded
+# by the preprocessor exactly as it will be in the build (see each header for the guard).
+PROBE = """#include <Python.h>
+#include "fa_base64.h"
+#include "fa_bytes.h"
+#include "fa_mman.h"
+#include "fa_scan.h"
+#if defined(__GNUC__) || defined(__clang__)
+#define FA_GNU_FLAGS 1
+#else
+#define FA_GNU_FLAGS 0
+#endif
+fastaccum_probe FA_GNU_FLAGS FA_B64_AVX2 FA_CLINGER FA_SWAR FA_HAVE_MEMRCHR FA_MREMAP
+"""
+FEATURES = ("AVX2 base64 kernel", "Clinger fast path", "SWAR digits", "memrchr", "mremap")
+
+
 class OptionalBuildExt(build_ext):
-    """Falls back to the pure twin when the compiler fails, unless the extension is required."""
+    """Falls back to the pure twin when the compiler fails, unless the extension is required.
+
+    Says in one line what it compiled: the build kind and the optional parts the headers chose."""
+
+    def probe(self, ext: Extension) -> list[str] | None:
+        """The probe's expanded macros ("1"/"0"), or None when the preprocessor cannot run."""
+        with tempfile.TemporaryDirectory() as tmp:
+            source, output = os.path.join(tmp, "probe.c"), os.path.join(tmp, "probe.i")
+            with open(source, "w") as f:
+                f.write(PROBE)
+            try:
+                self.compiler.preprocess(
+                    source, output, include_dirs=[*ext.include_dirs, sysconfig.get_paths()["include"]]
+                )
+                with open(output) as f:
+                    lines = [line.split()[1:] for line in f if line.startswith("fastaccum_probe")]
+            except Exception:
+                return None
+        return [v.strip("()") for v in lines[0]] if lines else None
 
     def run(self) -> None:
         try:
@@ -30,6 +68,16 @@ class OptionalBuildExt(build_ext):
             print(f"fastaccum: compiled core not built ({exc}); the pure-Python twin will be used")
 
     def build_extension(self, ext: Extension) -> None:
+        found = self.probe(ext)
+        gnu = found is not None and found[0] == "1"
+        # -Wall -Wextra keep the headers honest; other compilers get no flags they may not know.
+        if gnu:
+            ext.extra_compile_args = ["-O0", "-g"] if DEBUG else ["-O3"]
+            ext.extra_compile_args += ["-Wall", "-Wextra"]
+        parts = ", ".join(
+            f"{name}: {'yes' if value == '1' else 'no'}" for name, value in zip(FEATURES, found[1:])
+        ) if found else "optional parts unknown"
+        print(f"fastaccum: compiled core ({'debug' if DEBUG else 'release'}; {parts})")
         try:
             super().build_extension(ext)
         except Exception as exc:
@@ -52,15 +100,15 @@ def extensions() -> list[Extension]:
         "embedsignature": True,
         "initializedcheck": DEBUG,
     }
-    cflags = ["-O0", "-g"] if DEBUG else ["-O3"]
     ext = Extension(
         "fastaccum._cy",
         ["src_cython/_cy.pyx"],
-        extra_compile_args=cflags,
+        include_dirs=["src_cython"],
+        # The parts and the C headers: a change to any of them rebuilds the extension.
+        depends=sorted(glob.glob("src_cython/*.pxi") + glob.glob("src_cython/*.pxd") + glob.glob("src_cython/*.h")),
         optional=not REQUIRE_EXTENSIONS,
     )
-    print(f"fastaccum: building the compiled core ({'debug' if DEBUG else 'release'}, "
-          f"{'required' if REQUIRE_EXTENSIONS else 'optional'})")
+    print(f"fastaccum: building the compiled core ({'required' if REQUIRE_EXTENSIONS else 'optional'})")
     return cythonize([ext], compiler_directives=directives, quiet=True)
 
 

@@ -2,7 +2,7 @@
 
 ``pytest benchmarks``: pytest-benchmark cases, impl x workload at reduced sizes, with the naive and
 floor times of the same run and their ratios in ``extra_info`` (CI: ``--benchmark-disable``).
-``python benchmarks/bench_core.py``: issue 2's full-size workloads, every consumer in one run, a
+``python benchmarks/bench_core.py``: the full-size workloads, every consumer in one run, a
 table of times and target ratios, W3 peak memory in fresh subprocesses, ``--json`` with machine
 info. Workloads come from ``fastaccum.wire`` and are fed in 64 KiB pieces. Goals are ratios
 against baselines timed in the same run; nothing here asserts a time. See benchmarks/README.md.
@@ -39,7 +39,7 @@ import pytest
 
 from fastaccum import wire
 
-PIECE_BYTES = 64 * 1024  # issue 2 feeds every workload in 64 KiB pieces (a typical socket read)
+PIECE_BYTES = 64 * 1024  # every workload is fed in 64 KiB pieces (a typical socket read)
 TWINS = {"compiled": "fastaccum._cy", "pure": "fastaccum._py"}
 CONSUMERS = ("compiled", "pure", "naive", "floor")
 
@@ -76,7 +76,7 @@ class WorkloadSpec:
         return max(self.prompt_tokens + self.tokens - 1, 0) * layers * topk * 4
 
 
-# Issue 2's workloads. W1 "logprobs, no text extras" is read as issue 5's "logprobs only" payload:
+# The core workloads. W1 "logprobs, no text extras" is read as the suite's "logprobs only" payload:
 # --skip-tokenizer-init (no text key, logprob triples end in null). W1text is the same stream with
 # incremental text deltas, for comparison; it is not part of the targets.
 FULL: dict[str, WorkloadSpec] = {
@@ -388,8 +388,8 @@ def measure_memory(spec: WorkloadSpec, size: str, body: bytes, consumers: Sequen
 
 # ---- script mode -------------------------------------------------------------------------------
 
-# (workload, numerator, denominator, bound, fast-path bound, kind): issue 2's targets, for the
-# compiled twin, and issue 8's stricter ones for its fast path; the same ratios are printed for the
+# (workload, numerator, denominator, bound, fast-path bound, kind): the core targets, for the
+# compiled twin, and the stricter fast-path ones; the same ratios are printed for the
 # pure twin as information.
 TARGETS = (
     ("W1", "compiled", "floor", 1.2, 0.35, "max"),
@@ -547,7 +547,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         reports[name] = run_workload(specs[name], size, args)
         gc.collect()
     rows = summarize(reports)
-    print("\ntargets (compiled twin: issue 2's, and issue 8's for its fast path; the pure twin's ratios are"
+    print("\ntargets (compiled twin: the core bounds, and the fast-path bounds; the pure twin's ratios are"
           f" reported, not targeted{'; reduced sizes, the targets are for full size' if args.small else ''})")
     verdicts = {True: "met", False: "MISSED", None: ""}
     for r in rows:

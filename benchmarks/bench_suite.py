@@ -1,5 +1,5 @@
 """pytest-benchmark suite: impl x mode x stream interval x payload, each case against the naive
-consumer and the orjson floor timed in the same run (issue 5, item 1).
+consumer and the orjson floor timed in the same run.
 
 Every case builds its stream with ``fastaccum.wire`` (through bench_core's workload builder, so the
 outputs are checked against the generation), feeds it to the twin in 64 KiB pieces, then times the
@@ -26,7 +26,7 @@ import bench_core as core  # noqa: E402
 
 MODES = ("cumulative", "incremental")
 INTERVALS = (1, 20, 64)
-# Issue 5's payloads, each adding to the previous one. "logprobs" is --skip-tokenizer-init (no
+# The suite's payloads, each adding to the previous one. "logprobs" is --skip-tokenizer-init (no
 # text key, logprob triples end in null), as W1.
 PAYLOADS: dict[str, dict[str, Any]] = {
     "logprobs": {"text": False},

@@ -1,4 +1,4 @@
-"""Charts of a stress.py report (issue 5, item 4): PNGs under benchmarks/results/.
+"""Charts of a stress.py report (benchmarks/README.md, "Stress runs"): PNGs under benchmarks/results/.
 
     pip install matplotlib
     python benchmarks/plot.py [benchmarks/results/stress.json] [--outdir benchmarks/results]

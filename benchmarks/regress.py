@@ -1,4 +1,4 @@
-"""Regression tracking (issue 5, item 3): compare a fresh benchmark run's RATIOS with the baseline.
+"""Regression tracking: compare a fresh benchmark run's RATIOS with the baseline.
 
     python benchmarks/regress.py                    # run the suite timed, compare, exit 1 on a regression
     python benchmarks/regress.py --from run.json    # compare an existing `pytest --benchmark-json` file

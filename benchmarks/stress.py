@@ -1,4 +1,4 @@
-"""Stress runs (issue 5, item 2): long streams, scaling, routed-experts memory, 256 concurrent streams.
+"""Stress runs: long streams, scaling, routed-experts memory, 256 concurrent streams.
 
     python benchmarks/stress.py                      # everything, ~11 min on 2 cores
     python benchmarks/stress.py --only scaling,experts --out /tmp/s.json

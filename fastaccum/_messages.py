@@ -1,4 +1,5 @@
-"""Error factories shared by both twins, so the same input raises the same class with the same text.
+"""Every error message of the core, built once for both twins: the same input raises the same
+class with the same text.
 
 Only cold paths come here: each function builds (never raises) one exception.
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 from fastaccum.errors import (
     ServerError,
+    StreamError,
     StreamFormatError,
     StreamLengthError,
     StreamLimitError,
@@ -14,6 +16,7 @@ from fastaccum.errors import (
 )
 
 __all__ = (
+    "type_name",
     "bad_format",
     "too_large",
     "server_error",
@@ -21,8 +24,29 @@ __all__ = (
     "length_decreased",
     "bad_length",
     "truncated",
-    "type_name",
+    "wrong_type",
+    "bad_token_id",
+    "bad_logprob_entry",
+    "bad_count",
+    "not_json",
+    "bad_base64",
+    "broken",
+    "not_an_object",
+    "input_ended",
+    "logprobs_switched",
+    "lengths_disagree",
+    "changed_token",
+    "echo_short",
+    "bad_offsets",
+    "top_p_half",
+    "top_p_rows",
+    "routed_size",
+    "bad_option",
+    "not_bytes",
+    "fed_after_finish",
 )
+
+LOGPROBS = "meta_info.output_token_logprobs"
 
 
 def type_name(value: object) -> str:
@@ -109,3 +133,169 @@ def bad_length(index: int, mode: str, what: str, expected: int, actual: int) -> 
 
 def truncated(index: int, what: str) -> StreamTruncatedError:
     return StreamTruncatedError(f"event {index}: {what}", event_index=index)
+
+
+# ---- field readers ----------------------------------------------------------------------------
+
+
+def wrong_type(index: int, where: str, expected: str, value: object) -> StreamFormatError:
+    """``where`` holds a value of the wrong JSON type (``expected``: "an array", "a string", ...)."""
+    return bad_format(index, f"{where} must be {expected}, not {type_name(value)}")
+
+
+def bad_token_id(index: int, where: str, token: object) -> StreamFormatError:
+    """``token`` failed the id check: not an int, or outside [0, 2**31)."""
+    if type(token) is not int:
+        return wrong_type(index, where, "a token id", token)
+    return bad_format(index, f"{where} = {token} is not a token id in [0, 2**31)")
+
+
+def bad_logprob_entry(index: int, i: int, part: int | None = None, value: object = None) -> StreamFormatError:
+    """Entry ``i`` of output_token_logprobs is not a triple, or its element ``part`` (0: the
+    logprob, 2: the text) has the wrong type."""
+    if part is None:
+        return bad_format(index, f"{LOGPROBS}[{i}] must be [logprob, id, text]")
+    return wrong_type(index, f"{LOGPROBS}[{i}][{part}]", "a number or null" if part == 0 else "a string or null", value)
+
+
+def bad_count(index: int, key: str, value: object) -> StreamFormatError:
+    """meta_info[key] is not an integer, or is negative."""
+    if type(value) is not int:
+        return wrong_type(index, f"meta_info.{key}", "an integer", value)
+    return bad_format(index, f"meta_info.{key} = {value} is negative")
+
+
+def not_json(index: int, exc: Exception) -> StreamFormatError:
+    return bad_format(index, f"data is not valid JSON ({exc})")
+
+
+def bad_base64(index: int, key: str, size: int | None = None) -> StreamFormatError:
+    """meta_info[key] is not valid base64 (``size`` None), or decodes to ``size`` bytes, which are
+    not whole int32 values."""
+    if size is None:
+        return bad_format(index, f"meta_info.{key} is not valid base64")
+    return bad_format(index, f"meta_info.{key} decodes to {size} bytes, not whole int32 values")
+
+
+# ---- events -----------------------------------------------------------------------------------
+
+# Format errors whose text names no value, by the rule each one breaks.
+_RULES = {
+    "after_done": "data after [DONE]",
+    "after_terminal": "data after the terminal event",
+    "batch": 'a batch stream (top-level "index") is not one request',
+    "no_meta": "meta_info is missing",
+    "ids_disagree": "output_ids disagree with the ids in output_token_logprobs",
+    "no_tokens": "the event has neither output_ids nor output_token_logprobs",
+    "no_total": "meta_info has no completion_tokens",
+    "echo_no_total": "abort echo without completion_tokens",
+    "routed_no_prompt": "routed_experts without prompt_tokens cannot be checked against expert_shape",
+}
+
+
+def broken(index: int, rule: str) -> StreamFormatError:
+    """The event breaks ``rule`` (a key of _RULES)."""
+    return bad_format(index, _RULES[rule])
+
+
+def not_an_object(index: int, value: object) -> StreamFormatError:
+    return bad_format(index, f"data is a JSON {type_name(value)}, not an object")
+
+
+def input_ended(index: int, mid_event: bool | None) -> StreamTruncatedError:
+    """End of input (``mid_event``: inside an event), or [DONE] (``mid_event`` None), before a
+    terminal finish_reason."""
+    if mid_event is None:
+        return truncated(index, "[DONE] before a terminal finish_reason")
+    where = "inside an event, " if mid_event else ""
+    return truncated(index, f"input ended {where}before a terminal finish_reason")
+
+
+def logprobs_switched(index: int, has_logprobs: bool) -> StreamFormatError:
+    what = "appeared" if has_logprobs else "disappeared"
+    return bad_format(index, f"output_token_logprobs {what} mid-stream")
+
+
+def lengths_disagree(index: int, mode: str, lp_length: int, completion: int) -> StreamLengthError:
+    return bad_length(
+        index, mode,
+        f"output_token_logprobs_length {lp_length} differs from completion_tokens {completion}",
+        completion, lp_length,
+    )
+
+
+def changed_token(index: int, at: int, held: int, new: int) -> StreamFormatError:
+    return bad_format(index, f"token {at} changed from {held} to {new}")
+
+
+def echo_short(index: int, mode: str, completion: int, held: int, carried: bool) -> StreamLengthError:
+    """An abort echo reports fewer tokens than held (``carried``), or more without carrying them."""
+    if carried:
+        return bad_length(
+            index, mode, f"abort echo reports {completion} tokens, fewer than the {held} held", held, completion
+        )
+    return bad_length(
+        index, mode,
+        f"abort echo reports {completion} tokens, {held} held, and does not carry the missing ones",
+        completion, held,
+    )
+
+
+# ---- top-p and routed experts -----------------------------------------------------------------
+
+
+def bad_offsets(index: int, key: str, end: int | None = None, n_ids: int = 0) -> StreamFormatError:
+    """Top-p offsets that do not start at 0 (``end`` -1), decrease (None) or end at ``end``, not
+    at the ``n_ids`` ids."""
+    if end is None:
+        return bad_format(index, f"meta_info.{key} decreases")
+    if end < 0:
+        return bad_format(index, f"meta_info.{key} must start at 0")
+    return bad_format(index, f"meta_info.{key} ends at {end}, not at the {n_ids} ids")
+
+
+def top_p_half(index: int, present: str, missing: str) -> StreamFormatError:
+    return bad_format(index, f"meta_info.{present} without meta_info.{missing}")
+
+
+def top_p_rows(index: int, mode: str, rows: int | None, added: int, total: int) -> StreamError:
+    """Top-p rows that fit neither this event's new tokens nor all tokens (``rows`` None: the
+    event adds tokens without rows, once the stream has carried top-p)."""
+    if rows is None:
+        return bad_format(index, f"top-p rows missing for the {added} new tokens")
+    return bad_length(
+        index, mode,
+        f"top-p has {rows} rows; expected {added} (this event's new tokens) or {total} (all tokens)",
+        total, rows,
+    )
+
+
+def routed_size(index: int, mode: str, size: int, prompt: int, done: int, shape: tuple[int, int]) -> StreamLengthError:
+    layers, topk = shape
+    expected = max(prompt + done - 1, 0) * layers * topk
+    return bad_length(
+        index, mode,
+        f"routed_experts has {size} values; expected ({prompt} + {done} - 1) x {layers} x {topk} = {expected}",
+        expected, size,
+    )
+
+
+# ---- stream -----------------------------------------------------------------------------------
+
+
+def bad_option(name: str, value: object) -> ValueError:
+    """A constructor argument out of its domain."""
+    domain = {
+        "mode": "'auto', 'cumulative' or 'incremental'",
+        "expert_shape": "(num_layers, topk) positive ints",
+        "max_event_bytes": "a non-negative int or None",
+    }[name]
+    return ValueError(f"{name} must be {domain}, not {value!r}")
+
+
+def not_bytes(data: object) -> TypeError:
+    return TypeError(f"feed() takes bytes, bytearray or memoryview, not {type(data).__name__}")
+
+
+def fed_after_finish() -> RuntimeError:
+    return RuntimeError("feed() called after finish()")

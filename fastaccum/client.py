@@ -8,7 +8,8 @@ This module does I/O only: every byte is interpreted by the accumulator.
 Errors: HTTP status >= 400 is ``ServerError`` (status and body); failing to connect or to get the
 response headers is ``StreamConnectionError``; ``read_timeout`` seconds without a byte is
 ``StreamTimeoutError``. A connection that breaks mid-body counts as end of input: the accumulator
-then decides (``StreamTruncatedError`` unless the terminal event had arrived).
+then decides (``StreamTruncatedError`` unless the terminal event had arrived: docs/wire-format.md,
+"What a consumer must do", item 7).
 
 Session timeouts: aiohttp's default ``ClientTimeout`` has ``total=300``, which would kill a long
 rollout. ``GenerateStream`` keeps the session's ``total``/``connect`` settings and replaces only
@@ -31,7 +32,8 @@ from fastaccum.result import StreamResult
 
 __all__ = ("GenerateStream", "StreamConsumer", "consume", "STREAM_TIMEOUT")
 
-# SGLang sends no heartbeats: queueing or a long prefill can mean minutes of silence.
+# SGLang sends no heartbeats: queueing or a long prefill can mean minutes of silence
+# (docs/wire-format.md, "SSE framing").
 STREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=None)
 # An HTTP error body is quoted in the exception message up to this many characters.
 _ERROR_BODY_CHARS = 2000

@@ -1,8 +1,9 @@
 """An SGLang ``/generate`` server emulator on aiohttp.web: the demo's server and every network test's double.
 
 The bytes come from ``fastaccum.wire`` (orjson, SGLang 0.5.23 key order, ``data: …\\n\\n``,
-``data: [DONE]\\n\\n``), so the emulator follows ../shared/docs/sglang-stream-format.md; ``version=
-"0.5.15"`` switches the stream-interval rule and the echo ``output_ids`` (§6, §9.3, §11).
+``data: [DONE]\\n\\n``), so the emulator follows docs/wire-format.md; ``version="0.5.15"``
+switches the stream-interval rule and the echo ``output_ids`` (its sections "Stream interval and
+coalescing", "The abort echo" and "Version differences").
 
 Tokens are a pure function of (seed, rid, position) (``wire.synthetic_generation``), so a client can
 check every token with ``Emulator.expected``. Each running request has a decode task that produces
@@ -53,7 +54,7 @@ FAULT_KINDS = (
     "error_event", "malformed_json", "cut", "http_500", "stall", "coalesce", "zero_token_terminal", "split",
     "retract", "strip_keys",
 )
-# finish_reason of a running request ended by /abort_request (§4.4).
+# finish_reason of a running request ended by /abort_request (docs/wire-format.md, "finish_reason").
 ABORT_REASON: dict[str, Any] = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 # Lockstep decoding yields to the loop at least this often so other requests and aborts progress.
@@ -271,7 +272,8 @@ class Emulator:
         return web.Response(status=200)
 
     def abort(self, rid: str = "", *, abort_all: bool = False) -> int:
-        """What ``/abort_request`` does; rids match by prefix, as SGLang's scheduler does (§9.2)."""
+        """What ``/abort_request`` does; rids match by prefix, as SGLang's scheduler does
+        (docs/wire-format.md, "Aborts")."""
         hits = [r for r in [*self._running, *self._waiting] if abort_all or r.rid.startswith(rid)]
         for req in hits:
             if req.abort_requested:
@@ -378,14 +380,16 @@ class Emulator:
 
     def _release(self, req: _Request) -> None:
         if req.decoder is not None and not req.decoder.done():
-            req.decoder.cancel()  # a client that left stops its generation (§9.1, 0.5.23)
+            # A client that left stops its generation (docs/wire-format.md, "Aborts"; 0.5.23).
+            req.decoder.cancel()
         self._running.discard(req)
         if req in self._waiting:
             self._waiting.remove(req)
         self._admit()
 
     async def _decode(self, req: _Request) -> None:
-        """Produce tokens and queue outputs at SGLang's emission points (§6)."""
+        """Produce tokens and queue outputs at SGLang's emission points (docs/wire-format.md,
+        "Stream interval and coalescing")."""
         n, fault_kind = len(req.gen.token_ids), req.fault.get("kind")
         points = set(wire.emission_points(n, req.interval, req.opts.version)[:-1])
         loop = asyncio.get_running_loop()
@@ -403,7 +407,8 @@ class Emulator:
 
         while True:
             if req.abort_requested:
-                # A running request decodes one more token before the abort applies (§9.2).
+                # A running request decodes one more token before the abort applies
+                # (docs/wire-format.md, "Aborts").
                 k = min(k + 1, n)
                 self._count(req, k)
                 push(k, terminal=True, reason=ABORT_REASON)
@@ -480,7 +485,8 @@ class Emulator:
 
     async def _stream(self, request: web.Request, req: _Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers=_SSE_HEADERS)
-        # SGLang sends the headers before the generator runs, so queueing happens after them (§1).
+        # SGLang sends the headers before the generator runs, so queueing happens after them
+        # (docs/wire-format.md, "SSE framing").
         try:
             await resp.prepare(request)
             return await self._stream_body(request, req, resp)
@@ -504,7 +510,8 @@ class Emulator:
             for pos in range(0, len(data), split):
                 await resp.write(data[pos : pos + split])
 
-        if req.state == "echo":  # aborted while queued: SGLang's echo chunk (§9.3)
+        # Aborted while queued: SGLang's echo chunk (docs/wire-format.md, "The abort echo").
+        if req.state == "echo":
             await write(wire.sse(wire.echo_event(req.gen, req.opts, 0, first=True)) + wire.DONE)
             req.state = "done"
             return resp
@@ -542,7 +549,7 @@ class Emulator:
         except _ConnectionCut:
             req.state = "done"
             # Closing the transport leaves the chunked body unfinished: the client sees a truncated
-            # stream, as when SGLang's generator raises mid-stream (§3).
+            # stream, as when SGLang's generator raises mid-stream (docs/wire-format.md, "Errors").
             if request.transport is not None:
                 request.transport.close()
             return resp
@@ -629,5 +636,6 @@ def _json_ok(obj: dict[str, Any]) -> web.Response:
 
 
 def _json_error(status: int, message: str) -> web.Response:
-    # SGLang 0.5.23's request-contract failures: HTTP 400 with {"error": <string>} (§3).
+    # SGLang 0.5.23's request-contract failures: HTTP 400 with {"error": <string>}
+    # (docs/wire-format.md, "Errors").
     return web.Response(status=status, body=orjson.dumps({"error": message}), content_type="application/json")

@@ -1,6 +1,6 @@
 """SGLang /generate SSE writer: events exactly as SGLang serializes them, for the emulator and tests.
 
-Follows ../shared/docs/sglang-stream-format.md: orjson, compact, ``data: <json>\\n\\n``, the 0.5.23
+Follows docs/wire-format.md: orjson, compact, ``data: <json>\\n\\n``, the 0.5.23
 ``meta_info`` key order, cumulative or incremental lists, terminal-only routed experts and top-p,
 abort echo chunks (0.5.23 and 0.5.15 flavours) and error events. A deterministic token source,
 ``synthetic_generation``, makes every token a pure function of (seed, rid, position) so a test can

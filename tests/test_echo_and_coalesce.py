@@ -1,4 +1,4 @@
-"""Abort echo chunks (docs/core.md §9.3 rules), coalesced incremental events, zero-token terminals."""
+"""Abort echo chunks (docs/core.md, "Abort echo chunks"), coalesced incremental events, zero-token terminals."""
 
 from __future__ import annotations
 
@@ -243,7 +243,8 @@ def test_coalesced_echo_recovers_the_delta_and_its_text(impl: ModuleType, versio
         assert result.token_ids.tolist() == list(gen.token_ids)
         assert result.logprobs.tobytes() == _logprobs(gen, total).tobytes()
         assert result.completion_tokens == total
-        # SGLang's text is delta + whole text; the delta in front is taken off (§9.3).
+        # SGLang's text is delta + whole text; the delta in front is taken off (docs/wire-format.md,
+        # "The abort echo").
         assert result.text == gen.text(0, total)
         assert result.finish_reason == ECHO_REASON
         assert result.mode == "incremental"

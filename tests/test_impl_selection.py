@@ -70,3 +70,17 @@ def test_stub_declares_the_twins_names() -> None:
 def test_public_names_are_exported() -> None:
     for name in fastaccum.__all__:
         assert getattr(fastaccum, name) is not None, name
+
+
+@pytest.mark.parametrize("require", ["0", "1"])
+def test_import_from_the_source_tree_says_it_shadows_the_installed_package(require: str) -> None:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("FASTACCUM_")}
+    environment["FASTACCUM_REQUIRE_EXTENSIONS"] = require
+    done = subprocess.run(
+        [sys.executable, "-c", "import fastaccum"], env=environment, capture_output=True, text=True, cwd=ROOT
+    )
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1] == (
+        "ImportError: fastaccum is imported from its source tree, which shadows the installed package; "
+        "run with python -P, or from another directory"
+    )

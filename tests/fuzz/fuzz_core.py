@@ -67,7 +67,8 @@ def streamed_decode(header: bytes) -> tuple[bool, bool]:
 
 
 def cut(body: bytes, header: bytes) -> list[bytes]:
-    """The pieces the body arrives in, decided by header bytes 1-3 (TCP may cut anywhere, §14.2)."""
+    """The pieces the body arrives in, decided by header bytes 1-3 (TCP may cut anywhere:
+    docs/wire-format.md, "SSE framing")."""
     seed = int.from_bytes(header[1:4].ljust(3, b"\0"), "little")
     strategy = seed & 3
     if strategy == 0 or not body:

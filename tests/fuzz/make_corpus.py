@@ -77,7 +77,8 @@ def seeds() -> dict[str, bytes]:
         for e in stream_events(small, inc)) + DONE
     out["frame-no-space"] = header(AUTO) + body.replace(b"data: ", b"data:")
 
-    # Echo chunks and coalescing (§9.3, §6).
+    # Echo chunks and coalescing (docs/wire-format.md, "The abort echo" and "Stream interval and
+    # coalescing").
     for version in ("0.5.23", "0.5.15"):
         for label, opts in (("inc", WireOptions(incremental=True, version=version)),
                             ("cum", WireOptions(version=version))):

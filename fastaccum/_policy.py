@@ -1,0 +1,380 @@
+"""The accumulator's per-stream rules, written once and called by both twins.
+
+What runs once per stream, on the rare event the compiled twin's scanner leaves to orjson (a
+terminal event, one carrying base64 arrays), or only on error lives here: the constructor and
+``feed()``/``finish()`` guards, the shape of a parsed event, the abort echo, top-p replay, routed
+experts and the building of a result. The per-byte and per-event work stays in the twins
+(``fastaccum._py`` and ``fastaccum._cy``, which imports this module from Python). The rules are
+in docs/core.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pybase64
+
+from fastaccum._messages import (
+    bad_base64,
+    bad_count,
+    bad_offsets,
+    bad_option,
+    broken,
+    echo_short,
+    fed_after_finish,
+    input_ended,
+    not_an_object,
+    not_bytes,
+    routed_size,
+    server_error,
+    top_p_half,
+    top_p_rows,
+    wrong_type,
+)
+from fastaccum.errors import StreamError
+from fastaccum.result import StreamResult
+
+__all__ = (
+    "MODES",
+    "B64_KEYS",
+    "TOP_P_KEYS",
+    "check_options",
+    "refused_feed",
+    "finish_error",
+    "end_event",
+    "event_meta",
+    "event_finish",
+    "event_counts",
+    "echo_start",
+    "echo_text",
+    "read_top_p",
+    "read_routed",
+    "decode_int32",
+    "int32_array",
+    "build_result",
+    "feed_all",
+)
+
+MODES = ("auto", "cumulative", "incremental")
+# The meta_info values that are base64 int32 arrays; routed experts alone can be gigabytes.
+B64_KEYS: tuple[str, ...] = (
+    "top_p_token_ids",
+    "top_p_token_offsets",
+    "top_p_kept_token_ids",
+    "top_p_kept_token_offsets",
+    "routed_experts",
+)
+_TOP_P_PAIRS = (
+    ("top_p_token_ids", "top_p_token_offsets"),
+    ("top_p_kept_token_ids", "top_p_kept_token_offsets"),
+)
+TOP_P_KEYS = frozenset(key for pair in _TOP_P_PAIRS for key in pair)
+# Token-aligned lists (sliced per event in incremental mode) and the decoded base64 arrays are
+# returned as arrays, not repeated in meta_info.
+_DROPPED_META = frozenset(
+    (
+        "output_token_logprobs",
+        "output_top_logprobs",
+        "output_token_ids_logprobs",
+        "output_token_sampling_mask",
+        "output_token_sampling_logprobs",
+        *B64_KEYS,
+    )
+)
+
+
+# ---- stream guards ----------------------------------------------------------------------------
+
+
+def check_options(mode: object, expert_shape: object, max_event_bytes: object) -> None:
+    """The constructor's arguments, checked in order; the first wrong one raises ValueError."""
+    if mode not in MODES:
+        raise bad_option("mode", mode)
+    if expert_shape is not None and (
+        not isinstance(expert_shape, tuple)
+        or len(expert_shape) != 2
+        or any(type(x) is not int or x <= 0 for x in expert_shape)
+    ):
+        raise bad_option("expert_shape", expert_shape)
+    if max_event_bytes is not None and (type(max_event_bytes) is not int or max_event_bytes < 0):
+        raise bad_option("max_event_bytes", max_event_bytes)
+
+
+def refused_feed(data: object, error: StreamError | None, finished: bool) -> Exception:
+    """Why ``feed(data)`` is refused (the caller has seen that it is): not bytes, the kept first
+    error, or a call after finish()."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        return not_bytes(data)
+    if error is not None:
+        return error
+    assert finished
+    return fed_after_finish()
+
+
+def finish_error(events: int, mid_event: bool, data: bytes | bytearray, finished: bool) -> StreamError | None:
+    """What end of input means: None when the stream is complete (``data``: the unfinished
+    event's bytes, which may still be a prefix of [DONE])."""
+    if not finished:
+        return input_ended(events, mid_event)
+    if mid_event and not b"[DONE]".startswith(data):
+        return broken(events, "after_terminal")
+    return None
+
+
+def end_event(index: int, done: bool, finished: bool, is_done: bool) -> None:
+    """An event at the end of the stream (after [DONE], after the terminal event, or [DONE]
+    itself): raise unless it is the [DONE] that follows the terminal event."""
+    if done:
+        raise broken(index, "after_done")
+    if is_done:
+        if not finished:
+            raise input_ended(index, None)
+        return
+    raise broken(index, "after_terminal")
+
+
+# ---- a parsed event ---------------------------------------------------------------------------
+
+
+def event_meta(index: int, obj: object) -> dict[str, Any]:
+    """The meta_info of a parsed event, once the event is known to be a single request's."""
+    if type(obj) is not dict:
+        raise not_an_object(index, obj)
+    if "error" in obj:
+        raise server_error(index, obj["error"])
+    if "index" in obj:
+        raise broken(index, "batch")
+    meta = obj.get("meta_info")
+    if type(meta) is not dict:
+        if "meta_info" not in obj:
+            raise broken(index, "no_meta")
+        raise wrong_type(index, "meta_info", "an object", meta)
+    return meta
+
+
+def event_finish(index: int, meta: dict[str, Any]) -> tuple[dict[str, Any] | None, bool]:
+    """(finish_reason or None, whether the event is an abort echo)."""
+    finish = meta.get("finish_reason")
+    if finish is not None and type(finish) is not dict:
+        raise wrong_type(index, "meta_info.finish_reason", "an object or null", finish)
+    echo = finish is not None and finish.get("type") == "abort" and "prompt_tokens" not in meta
+    return finish, echo
+
+
+def _count(index: int, meta: dict[str, Any], key: str) -> int | None:
+    if key not in meta:
+        return None
+    value = meta[key]
+    if type(value) is not int or value < 0:
+        raise bad_count(index, key, value)
+    return value
+
+
+def event_counts(
+    index: int, obj: dict[str, Any], meta: dict[str, Any]
+) -> tuple[int | None, int | None, int | None, str | None]:
+    """(completion_tokens, output_token_logprobs_length, prompt_tokens, text); None if absent."""
+    completion = _count(index, meta, "completion_tokens")
+    lp_length = _count(index, meta, "output_token_logprobs_length")
+    prompt = _count(index, meta, "prompt_tokens")
+    text = obj.get("text")
+    if text is not None and type(text) is not str:
+        raise wrong_type(index, "text", "a string", text)
+    return completion, lp_length, prompt, text
+
+
+# ---- abort echo -------------------------------------------------------------------------------
+
+
+def echo_start(
+    index: int, mode: str, held: int, completion: int | None, logprob_ids: int | None, output_ids: int | None
+) -> int:
+    """Where the tokens an abort echo adds start in its list (``logprob_ids``: the length of the
+    ids in output_token_logprobs, None without them; ``output_ids`` likewise), or -1 for none.
+
+    The list holds the full list at its tail (a coalesced delta may precede it); the caller checks
+    the full list's first ``held`` ids against the held ones."""
+    if completion is None:
+        raise broken(index, "echo_no_total")
+    if completion < held:
+        raise echo_short(index, mode, completion, held, carried=True)
+    if completion == held:
+        return -1
+    if logprob_ids is not None and logprob_ids >= completion:
+        return logprob_ids - completion + held
+    if logprob_ids is None and mode == "cumulative" and output_ids == completion:
+        return held
+    raise echo_short(index, mode, completion, held, carried=False)
+
+
+def echo_text(mode: str, held: list[str] | None, echoed: str | None) -> str | None:
+    """The text an abort echo replaces the held text with, or None to keep it.
+
+    The echo repeats the whole text. In incremental mode a delta still queued when it was sent is
+    coalesced in front of it (delta + held + delta), so the whole text is the tail that starts
+    with the held text; when neither shape fits, the held text stays. Undecided auto ignores it."""
+    if held is None or echoed is None or mode == "auto":
+        return None
+    if mode == "cumulative":
+        return echoed
+    text = "".join(held)
+    size, odd = divmod(len(echoed) + len(text), 2)
+    if not odd and size < len(echoed):
+        whole = echoed[len(echoed) - size :]
+        if whole.startswith(text) and whole[len(text) :] == echoed[: len(echoed) - size]:
+            return whole
+    if echoed.startswith(text):
+        return echoed
+    return None
+
+
+# ---- base64 arrays ----------------------------------------------------------------------------
+
+
+def int32_array(index: int, key: str, raw: Any) -> npt.NDArray[np.int32]:
+    """Decoded bytes (any buffer) as little-endian int32 values."""
+    size = memoryview(raw).nbytes
+    if size % 4:
+        raise bad_base64(index, key, size)
+    return np.frombuffer(raw, dtype="<i4").astype(np.int32, copy=False)
+
+
+def decode_int32(
+    index: int, key: str, value: object, data: bytes | bytearray, span: tuple[int, int] | None
+) -> npt.NDArray[np.int32]:
+    """Decode one base64 int32 array, from its span in ``data`` or from the parsed str."""
+    if span is None and type(value) is not str:
+        raise wrong_type(index, f"meta_info.{key}", "a base64 string", value)
+    source: str | memoryview = memoryview(data)[span[0] : span[1]] if span is not None else str(value)
+    try:
+        raw = pybase64.b64decode_as_bytearray(source, validate=True)
+    except ValueError:  # binascii.Error, or a str with non-ASCII characters
+        raise bad_base64(index, key) from None
+    finally:
+        del source  # release the view so the event buffer can be freed or resized
+    return int32_array(index, key, raw)
+
+
+# ---- top-p replay -----------------------------------------------------------------------------
+
+
+def _check_offsets(index: int, key: str, offsets: npt.NDArray[np.int32], n_ids: int) -> None:
+    if offsets.shape[0] == 0 or offsets[0] != 0:
+        raise bad_offsets(index, key, -1)
+    if offsets.shape[0] > 1 and bool(np.any(offsets[1:] < offsets[:-1])):
+        raise bad_offsets(index, key, None)
+    if offsets[-1] != n_ids:
+        raise bad_offsets(index, key, int(offsets[-1]), n_ids)
+
+
+def read_top_p(
+    index: int,
+    meta: dict[str, Any] | None,
+    data: bytes | bytearray,
+    spans: dict[str, tuple[int, int]],
+    mode: str,
+    held: int,
+    added: int,
+    rows_held: int | None,
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], bool] | None:
+    """This event's top-p CSR, decoded and validated, and whether it replaces (True) or extends
+    the rows held; None without one. ``rows_held``: None while the stream has carried no top-p;
+    ``meta`` None: an event without base64 arrays (the compiled twin's scanner read it)."""
+    for ids_key, offsets_key in _TOP_P_PAIRS:
+        if meta is not None and (ids_key in meta or offsets_key in meta):
+            break
+    else:
+        if rows_held is not None and added > 0:
+            raise top_p_rows(index, mode, None, added, held + added)
+        return None
+    if ids_key not in meta or offsets_key not in meta:
+        present, missing = (ids_key, offsets_key) if ids_key in meta else (offsets_key, ids_key)
+        raise top_p_half(index, present, missing)
+    ids = decode_int32(index, ids_key, meta[ids_key], data, spans.get(ids_key))
+    offsets = decode_int32(index, offsets_key, meta[offsets_key], data, spans.get(offsets_key))
+    _check_offsets(index, offsets_key, offsets, ids.shape[0])
+    rows = offsets.shape[0] - 1
+    total = held + added
+    if rows == total:
+        return ids, offsets, True
+    if rows == added and (rows_held or 0) == held:
+        return ids, offsets, False
+    raise top_p_rows(index, mode, rows, added, total)
+
+
+# ---- routed experts ---------------------------------------------------------------------------
+
+
+def read_routed(
+    index: int,
+    routed: npt.NDArray[np.int32],
+    expert_shape: tuple[int, int] | None,
+    mode: str,
+    prompt: int | None,
+    completion: int | None,
+    total: int,
+) -> npt.NDArray[np.int32]:
+    """The decoded routed_experts, checked against expert_shape and reshaped to (rows, layers,
+    topk) when it is given."""
+    if expert_shape is None:
+        return routed
+    if prompt is None:
+        raise broken(index, "routed_no_prompt")
+    layers, topk = expert_shape
+    done = completion if completion is not None else total
+    rows = prompt + done - 1
+    if rows < 0 or routed.shape[0] != max(rows, 0) * layers * topk:
+        raise routed_size(index, mode, routed.shape[0], prompt, done, expert_shape)
+    return routed.reshape(rows, layers, topk)
+
+
+# ---- results ----------------------------------------------------------------------------------
+
+
+def build_result(
+    final: bool,
+    mode: str,
+    ids: Any,
+    logprobs: Any,
+    text_parts: list[str] | None,
+    finish_reason: dict[str, Any] | None,
+    meta: dict[str, Any],
+    top_p_ids: Any,
+    top_p_offsets: Any,
+    routed: npt.NDArray[np.int32] | None,
+    events: int,
+) -> StreamResult:
+    """The result so far, from the twin's buffers (``logprobs`` None: the stream has none; top-p
+    None: none yet): copies of them, or for ``final`` (finish()) their storage itself. Text parts
+    are joined here; meta_info loses the lists and arrays the result carries as arrays."""
+    top_p = None
+    if top_p_ids is not None and top_p_offsets is not None:
+        top_p = top_p_ids.hand_out(final), top_p_offsets.hand_out(final)
+    token_ids = ids.hand_out(final)
+    text = None
+    if text_parts is not None:
+        text = text_parts[0] if len(text_parts) == 1 else "".join(text_parts)
+    return StreamResult(
+        mode=mode,
+        token_ids=token_ids,
+        logprobs=logprobs.hand_out(final) if logprobs is not None else None,
+        text=text,
+        finish_reason=dict(finish_reason) if finish_reason is not None else None,
+        meta_info={k: v for k, v in meta.items() if k not in _DROPPED_META},
+        completion_tokens=int(token_ids.shape[0]),
+        top_p_token_ids=top_p[0] if top_p is not None else None,
+        top_p_token_offsets=top_p[1] if top_p is not None else None,
+        routed_experts=routed,
+        events=events,
+    )
+
+
+def feed_all(accumulator: Any, pieces: Iterable[bytes | bytearray | memoryview]) -> StreamResult:
+    """accumulate(): feed every piece, then finish()."""
+    for piece in pieces:
+        accumulator.feed(piece)
+    result: StreamResult = accumulator.finish()
+    return result
