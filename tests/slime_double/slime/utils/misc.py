@@ -1,5 +1,5 @@
 """Stand-in for slime.utils.misc: ``load_function``,
-``SingletonMeta`` and ``decode_int32_meta_array``. Written from the doc; no slime code."""
+``SingletonMeta`` and ``decode_int32_meta_array``. Our own code; no slime code."""
 
 from __future__ import annotations
 
