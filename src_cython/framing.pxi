@@ -212,6 +212,10 @@ cdef class SseFramer:
     cdef int _begin_data_line(self) except -1:
         cdef unsigned char lf = 10
         if self.has_data:
+            if self._scan is not None and self._scan.streaming:
+                # The value runs past its line: its characters go back before the joining LF,
+                # in the order they came, and the ordinary path decides.
+                self._scan.destream(self.data)
             self._append(&lf, 1)  # several data lines of one event join with LF
         self.has_data = True
         return 0
