@@ -22,6 +22,7 @@ __all__ = (
     "bad_length",
     "truncated",
     "type_name",
+    "bad_chunk",
 )
 
 
@@ -109,3 +110,33 @@ def bad_length(index: int, mode: str, what: str, expected: int, actual: int) -> 
 
 def truncated(index: int, what: str) -> StreamTruncatedError:
     return StreamTruncatedError(f"event {index}: {what}", event_index=index)
+
+
+# Chunked-body states, numbered alike in both twins' chunked decoders.
+_CHUNK_PLACES = (
+    "where a chunk size was expected",
+    "in the chunk size (expected a hex digit, ';' or CRLF)",
+    "after the chunk size (expected ';' or CRLF)",
+    "in a chunk extension (expected CRLF)",
+    "after CR (expected LF)",
+    "in chunk data",
+    "after chunk data (expected CRLF)",
+    "after CR (expected LF)",
+    "at the start of a trailer line",
+    "in a trailer line (expected CRLF)",
+    "after CR (expected LF)",
+    "after CR (expected LF)",
+    "after the end of the chunked body",
+)
+
+
+def bad_chunk(index: int, state: int, byte: int) -> StreamFormatError:
+    """Malformed ``Transfer-Encoding: chunked`` framing: ``byte`` was not allowed in ``state``;
+    ``byte`` -1 is a chunk size of 2**60 or more, -2 a size or trailer line over the length cap."""
+    if byte == -1:
+        what = "chunk size of 2**60 bytes or more"
+    elif byte == -2:
+        what = "chunk-size or trailer line longer than 8192 bytes"
+    else:
+        what = f"{bytes((byte,))!r} {_CHUNK_PLACES[state]}"
+    return StreamFormatError(f"event {index}: malformed chunked body: {what}", event_index=index)

@@ -25,6 +25,7 @@ from fastaccum._messages import (
 )
 from fastaccum._py.arrays import B64_KEYS, cut_b64_spans, decode_int32
 from fastaccum._py.buffers import Float64Buffer, Int32Buffer
+from fastaccum._py.chunked import ChunkedDecoder
 from fastaccum._py.framing import SseFramer
 from fastaccum.errors import StreamError
 from fastaccum.result import StreamResult, snapshot_of
@@ -192,6 +193,7 @@ class StreamAccumulator:
         self._done = False  # [DONE] seen
         self._error: StreamError | None = None
         self._result: StreamResult | None = None
+        self._chunks: ChunkedDecoder | None = None  # feed_chunked()'s decoder, made on first use
 
     # ---- public API ---------------------------------------------------------------------
 
@@ -228,6 +230,29 @@ class StreamAccumulator:
         except StreamError as exc:
             self._error = exc
             raise
+
+    def feed_chunked(self, data: bytes | bytearray | memoryview, /) -> int:
+        """Like ``feed()``, for the body of an HTTP/1.1 response with ``Transfer-Encoding:
+        chunked``: undo the chunked framing, then frame and apply; ``chunked_ended`` tells when
+        the last chunk has been read. Do not mix with ``feed()`` on one accumulator."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"feed_chunked() takes bytes, bytearray or memoryview, not {type(data).__name__}")
+        if self._error is not None:
+            raise self._error
+        if self._result is not None:
+            raise RuntimeError("feed_chunked() called after finish()")
+        if self._chunks is None:
+            self._chunks = ChunkedDecoder()
+        try:
+            return self._chunks.feed(bytes(data), self._framer, self._dispatch)
+        except StreamError as exc:
+            self._error = exc
+            raise
+
+    @property
+    def chunked_ended(self) -> bool:
+        """``feed_chunked()`` has read the last chunk and the trailer section: the body is complete."""
+        return self._chunks is not None and self._chunks.ended
 
     def finish(self) -> StreamResult:
         """End of input: the final result, or StreamTruncatedError without a terminal event."""

@@ -23,6 +23,7 @@ import orjson
 import pybase64
 
 from fastaccum._messages import (
+    bad_chunk,
     bad_format,
     bad_length,
     length_decreased,
@@ -425,4 +426,5 @@ cdef class Float64Buffer:
 include "_arrays.pxi"
 include "_stream.pxi"
 include "_scan.pxi"
+include "chunked.pxi"
 include "_accumulator.pxi"
