@@ -32,6 +32,7 @@ __all__ = (
     "StreamConnectionError",
     "GenerateStream",
     "consume",
+    "Client",
     "__version__",
 )
 
@@ -42,4 +43,8 @@ def __getattr__(name: str) -> object:
         from fastaccum import client
 
         return getattr(client, name)
+    if name == "Client":  # the connection-owning transport (httptools): also loaded on demand
+        from fastaccum import transport
+
+        return transport.Client
     raise AttributeError(f"module 'fastaccum' has no attribute {name!r}")
