@@ -8,9 +8,9 @@ Streams keep ``GenerateStream``'s contract (they subclass ``StreamConsumer``): `
 own cancel. A completed stream returns its connection to the pool; an aborted or failed one closes
 it, so the server sees the disconnect and stops decoding.
 
-Read coalescing (``coalesce_ms``): after each body read the stream stops reading for the window
+Read coalescing (``coalesce_ms``): after a body read the stream stops reading for the window
 (``pause_reading()``, resumed by a timer), so the kernel gathers the events that arrive meanwhile
-into one read. A read costs far more than an event (docs/client.md has the figures); no byte waits
+into one read; it does so only while windows pay off (events arrive faster than the window). A read costs far more than an event (docs/client.md has the figures); no byte waits
 longer than the window, and ``abort()`` first reads what the kernel holds without blocking, so the
 aborted prefix holds every event that had arrived.
 """
@@ -179,6 +179,7 @@ class ClientStream(StreamConsumer):
         self._keep_alive = False
         self._reusable = False
         self._resume: asyncio.TimerHandle | None = None
+        self._paused_last = False  # the read before this one was followed by a window
         self._timer: asyncio.TimerHandle | None = None
         # timing (monotonic seconds)
         self._sent = 0.0
@@ -347,6 +348,7 @@ class ClientStream(StreamConsumer):
         return True
 
     def _on_body(self, data: bytes) -> None:
+        previous = self._last_read
         now = self._last_read = _now()
         self._reads += 1
         self._bytes_received += len(data)
@@ -382,11 +384,22 @@ class ClientStream(StreamConsumer):
             self._fail(StreamFormatError(f"{self._url} sent {extra} bytes after its Content-Length body"))
         elif (self._accumulator.chunked_ended if self._chunked else self._length == 0):
             self._complete()
-        elif self._window and len(data) < _BIG_READ_BYTES:
+        elif self._window and len(data) < _BIG_READ_BYTES and self._worth_pausing(count, now - previous):
             conn = self._conn
             assert conn is not None and conn.transport is not None and self._loop is not None
             conn.transport.pause_reading()
             self._resume = self._loop.call_later(self._window, self._resume_reading)
+
+    def _worth_pausing(self, count: int, gap: float) -> bool:
+        # A pause costs two epoll_ctl calls and a timer, and pays only if several events arrive
+        # within the window: keep pausing while a window gathers more than one event; after a
+        # window that gathered one at most, pause again only once reads come faster than the window.
+        if self._paused_last:
+            pause = count > 1
+        else:
+            pause = gap < self._window
+        self._paused_last = pause
+        return pause
 
     def _resume_reading(self) -> None:
         self._resume = None
