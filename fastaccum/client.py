@@ -274,7 +274,7 @@ class GenerateStream(StreamConsumer):
             if isinstance(exc, HttpProcessingError) and content.exception() is None and not content.is_eof():
                 content.set_exception(exc)
 
-        protocol.set_exception = set_exception  # type: ignore[method-assign]
+        protocol.set_exception = set_exception  # type: ignore[method-assign, assignment]
 
     def _feed_buffered(self) -> None:
         response = self._response
