@@ -14,6 +14,9 @@ Sections (``--only``):
   example, rebuilds the sample's token and logprob lists on every event.
 - ``experts``: routed experts 48 x top-8 at 16k/64k/256k context (W3's shape), time and peak memory
   (RSS high-water mark and tracemalloc) of each consumer, each in a fresh interpreter.
+- ``paced``: ``paced.py``: a paced server process writing one HTTP chunk per event at 100 tokens/s
+  per stream; CPU per token (user and system) and reads per token of each client, fastaccum.Client
+  among them, on the stock loop and uvloop.
 - ``concurrency``: 256 concurrent streams from an emulator running in its own process; each client
   runs in a fresh process too and reports its CPU seconds (getrusage) per token.
 
@@ -42,6 +45,7 @@ import orjson
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_core as core  # noqa: E402
+import paced  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_OUT = os.path.join(HERE, "results", "stress.json")
@@ -425,6 +429,14 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
             if "rss_over_routed" in m:
                 add(f"R3 {row['context'] // 1000}k {c} peak RSS growth / decoded", m["rss_over_routed"], 3.0,
                     target=c == "compiled")
+    for name, entry in report.get("paced", {}).items():
+        clients = entry["clients"]
+        limit = 0.4 if entry["interval"] == 1 else 0.15
+        add(f"paced {name} Client/httpx total CPU per token", clients["client"]["total_over_httpx"], limit)
+        if entry["interval"] == 1:
+            add(f"paced {name} Client/httpx user CPU per token", clients["client"]["user_over_httpx"], 0.25)
+            add(f"paced {name} Client/GenerateStream total CPU per token",
+                clients["client"]["total_over_generate_stream"], 0.6)
     for name, entry in report.get("concurrency", {}).items():
         add(f"concurrency {name} fastaccum/httpx CPU per token", entry["fastaccum_over_httpx"], 0.3)
         add(f"concurrency {name} aiohttp-raw/httpx CPU per token", entry["raw_over_httpx"], 0.3, target=False)
@@ -442,7 +454,7 @@ def _extension_stamp() -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="w1,scaling,experts,concurrency")
+    parser.add_argument("--only", default="w1,scaling,experts,concurrency,paced")
     parser.add_argument("--out", default=DEFAULT_OUT)
     parser.add_argument("--quick", action="store_true", help="small sizes, to check the script")
     parser.add_argument("--repeat", type=int, default=5, help="scaling: runs per consumer and size (best of)")
@@ -475,7 +487,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     w1 = [("W1-500k", 1, 20_000 if args.quick else 500_000, 20)]
     conc = [(f"16x500-i{i}", 16, 500, i) for i in (20, 1)] if args.quick else list(CONCURRENCY)
     steps = (("w1" in sections) + ("scaling" in sections) * 2 * (1 + args.repeat)
-             + ("experts" in sections) * len(ctx) + ("concurrency" in sections) * len(conc))
+             + ("experts" in sections) * len(ctx) + ("concurrency" in sections) * len(conc)
+             + ("paced" in sections))
     report: dict[str, Any] = {"machine": {**core.machine_info(), "extension_start": _extension_stamp()},
                               "config": {k: v for k, v in vars(args).items() if not k.endswith("child") and k != "serve"}}
     with tqdm(total=steps, unit="step", dynamic_ncols=True) as bar:
@@ -488,6 +501,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                             "incremental": scaling("incremental", inc, SCALING_CONSUMERS, args, bar)}},
             "experts": lambda: {"experts": experts(args, ctx, bar)},
             "concurrency": lambda: {"concurrency": network(args, conc, bar)},
+            "paced": lambda: {"paced": {name: paced.measure(name, 1 if args.quick else args.net_repeat)
+                                        for name in (["256x400-i1"] if args.quick else paced.CONFIGS)}},
         }
         for name, run in sections_run.items():
             if name in sections:

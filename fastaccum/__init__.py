@@ -31,6 +31,7 @@ __all__ = (
     "StreamConnectionError",
     "GenerateStream",
     "consume",
+    "Client",
     "__version__",
 )
 
@@ -41,4 +42,8 @@ def __getattr__(name: str) -> object:
         from fastaccum import client
 
         return getattr(client, name)
+    if name == "Client":  # the connection-owning transport (httptools): also loaded on demand
+        from fastaccum import transport
+
+        return transport.Client
     raise AttributeError(f"module 'fastaccum' has no attribute {name!r}")

@@ -44,6 +44,7 @@ __all__ = (
     "bad_option",
     "not_bytes",
     "fed_after_finish",
+    "bad_chunk",
 )
 
 LOGPROBS = "meta_info.output_token_logprobs"
@@ -293,9 +294,41 @@ def bad_option(name: str, value: object) -> ValueError:
     return ValueError(f"{name} must be {domain}, not {value!r}")
 
 
-def not_bytes(data: object) -> TypeError:
-    return TypeError(f"feed() takes bytes, bytearray or memoryview, not {type(data).__name__}")
+def not_bytes(data: object, method: str = "feed") -> TypeError:
+    return TypeError(f"{method}() takes bytes, bytearray or memoryview, not {type(data).__name__}")
 
 
-def fed_after_finish() -> RuntimeError:
-    return RuntimeError("feed() called after finish()")
+def fed_after_finish(method: str = "feed") -> RuntimeError:
+    return RuntimeError(f"{method}() called after finish()")
+
+
+# ---- chunked bodies ---------------------------------------------------------------------------
+
+# Chunked-body states, numbered alike in both twins' chunked decoders.
+_CHUNK_PLACES = (
+    "where a chunk size was expected",
+    "in the chunk size (expected a hex digit, ';' or CRLF)",
+    "after the chunk size (expected ';' or CRLF)",
+    "in a chunk extension (expected CRLF)",
+    "after CR (expected LF)",
+    "in chunk data",
+    "after chunk data (expected CRLF)",
+    "after CR (expected LF)",
+    "at the start of a trailer line",
+    "in a trailer line (expected CRLF)",
+    "after CR (expected LF)",
+    "after CR (expected LF)",
+    "after the end of the chunked body",
+)
+
+
+def bad_chunk(index: int, state: int, byte: int) -> StreamFormatError:
+    """Malformed ``Transfer-Encoding: chunked`` framing: ``byte`` was not allowed in ``state``;
+    ``byte`` -1 is a chunk size of 2**60 or more, -2 a size or trailer line over the length cap."""
+    if byte == -1:
+        what = "chunk size of 2**60 bytes or more"
+    elif byte == -2:
+        what = "chunk-size or trailer line longer than 8192 bytes"
+    else:
+        what = f"{bytes((byte,))!r} {_CHUNK_PLACES[state]}"
+    return StreamFormatError(f"event {index}: malformed chunked body: {what}", event_index=index)

@@ -103,15 +103,15 @@ def check_options(mode: object, expert_shape: object, max_event_bytes: object) -
         raise bad_option("max_event_bytes", max_event_bytes)
 
 
-def refused_feed(data: object, error: StreamError | None, finished: bool) -> Exception:
-    """Why ``feed(data)`` is refused (the caller has seen that it is): not bytes, the kept first
-    error, or a call after finish()."""
+def refused_feed(data: object, error: StreamError | None, finished: bool, method: str = "feed") -> Exception:
+    """Why ``feed(data)`` (or ``method(data)``) is refused (the caller has seen that it is): not
+    bytes, the kept first error, or a call after finish()."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
-        return not_bytes(data)
+        return not_bytes(data, method)
     if error is not None:
         return error
     assert finished
-    return fed_after_finish()
+    return fed_after_finish(method)
 
 
 def finish_error(events: int, mid_event: bool, data: bytes | bytearray, finished: bool) -> StreamError | None:

@@ -25,9 +25,16 @@ from collections.abc import AsyncIterable, Mapping
 from typing import Any
 
 import aiohttp
+from aiohttp.http_exceptions import HttpProcessingError
 
 from fastaccum._impl import StreamAccumulator
-from fastaccum.errors import ServerError, StreamConnectionError, StreamError, StreamTimeoutError
+from fastaccum.errors import (
+    ServerError,
+    StreamConnectionError,
+    StreamError,
+    StreamFormatError,
+    StreamTimeoutError,
+)
 from fastaccum.result import StreamResult
 
 __all__ = ("GenerateStream", "StreamConsumer", "consume", "STREAM_TIMEOUT")
@@ -209,7 +216,11 @@ class GenerateStream(StreamConsumer):
         )
         try:
             response = await self._session.post(self._url, json=self._payload, headers=self._headers, timeout=timeout)
-        except aiohttp.ClientResponseError as exc:  # a session created with raise_for_status=True
+        except aiohttp.ClientResponseError as exc:
+            if isinstance(exc.__cause__, HttpProcessingError):
+                # aiohttp reports a response it could not parse as status 400: the server sent none.
+                raise StreamFormatError(f"malformed response from {self._url}: {exc.message}") from exc
+            # a session created with raise_for_status=True
             raise ServerError(f"HTTP {exc.status} from {self._url}: {exc.message}", status=exc.status) from exc
         except aiohttp.ClientError as exc:
             if isinstance(exc, asyncio.TimeoutError):  # ServerTimeoutError before the headers
@@ -226,8 +237,13 @@ class GenerateStream(StreamConsumer):
                 status=response.status,
                 server_message=body,
             )
+        self._watch_parser(response)
         try:
             await self._feed_all(response.content.iter_any())
+        except HttpProcessingError as exc:
+            raise StreamFormatError(
+                f"malformed response body from {self._url}: {exc.message}", event_index=self._events
+            ) from exc
         except aiohttp.ClientPayloadError:
             # The body broke off (no end of the chunked encoding): that is end of input, and
             # finish() tells a truncation from a stream whose terminal event had arrived.
@@ -240,6 +256,27 @@ class GenerateStream(StreamConsumer):
         except aiohttp.ClientConnectionError:
             pass  # the connection dropped between chunks: again end of input
         return self._accumulator.finish()
+
+    @staticmethod
+    def _watch_parser(response: aiohttp.ClientResponse) -> None:
+        """Make a parse error in the body (a malformed chunk size) reach the body reader.
+
+        aiohttp records it on the connection's protocol and drops later bytes, but the body
+        reader is never told, so it would wait forever; here the protocol's error also ends it.
+        """
+        connection = response.connection
+        protocol = connection.protocol if connection is not None else None
+        if protocol is None:
+            return
+        content = response.content
+        record = protocol.set_exception
+
+        def set_exception(exc: BaseException, *args: Any) -> None:
+            record(exc, *args)
+            if isinstance(exc, HttpProcessingError) and content.exception() is None and not content.is_eof():
+                content.set_exception(exc)
+
+        protocol.set_exception = set_exception  # type: ignore[method-assign, assignment]
 
     def _feed_buffered(self) -> None:
         response = self._response

@@ -8,7 +8,32 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ("StreamResult",)
+__all__ = ("StreamResult", "StreamTiming")
+
+
+@dataclass(frozen=True, slots=True)
+class StreamTiming:
+    """How one request went on the wire, measured by ``fastaccum.Client`` (seconds, from the
+    moment the request was written).
+
+    Gaps are between reads that completed at least one event, as the client saw them (with read
+    coalescing, events that arrive within one window count as one read). ``gap_p50_s`` and
+    ``gap_p99_s`` come from a log-scale histogram with 16 buckets per doubling, so they are
+    within about 4.5% of the exact quantile; ``gap_max_s`` is exact. None where nothing was
+    measured yet (no byte, no token, fewer than two event reads).
+    """
+
+    first_byte_s: float | None
+    first_token_s: float | None
+    duration_s: float
+    gap_p50_s: float | None
+    gap_p99_s: float | None
+    gap_max_s: float | None
+    tokens_per_s: float | None
+    tokens: int
+    bytes: int
+    events: int
+    reads: int
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -34,6 +59,7 @@ class StreamResult:
     routed_experts: npt.NDArray[np.int32] | None = None
     events: int = 0
     aborted: bool = False
+    timing: StreamTiming | None = None  # set by fastaccum.Client; None from the core
 
     @property
     def finished(self) -> bool:

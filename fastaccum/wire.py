@@ -34,6 +34,7 @@ __all__ = (
     "stream_events",
     "stream_bytes",
     "split_pieces",
+    "chunk_encode",
     "TEXT_PIECES",
     "PLAIN_TEXT_PIECES",
 )
@@ -337,3 +338,22 @@ def split_pieces(data: bytes, sizes: Iterable[int]) -> list[bytes]:
         pos += step
         k += 1
     return pieces
+
+
+def chunk_encode(data: bytes, sizes: Iterable[int] = (), *, extension: bytes = b"", trailers: bytes = b"") -> bytes:
+    """``data`` as an HTTP/1.1 chunked body: chunks of the given sizes (the rest in one chunk;
+    sizes of 0 are skipped, since a 0-size chunk ends the body), each size line followed by
+    ``extension`` (such as ``b";name=value"``), then the last chunk and ``trailers`` (whole
+    ``Field: value\r\n`` lines)."""
+    out = bytearray()
+    pos = 0
+    for size in [*sizes, len(data)]:
+        piece = data[pos : pos + size]
+        if not piece:
+            continue
+        out += b"%x%s\r\n%s\r\n" % (len(piece), extension, piece)
+        pos += len(piece)
+        if pos >= len(data):
+            break
+    return bytes(out) + b"0%s\r\n%s\r\n" % (extension, trailers)
+

@@ -42,6 +42,7 @@ from fastaccum._policy import (
 )
 from fastaccum._py.buffers import Float64Buffer, Int32Buffer
 from fastaccum._py.fields import cut_b64_spans, read_id_list, read_logprob_list, read_uint_at
+from fastaccum._py.chunked import ChunkedDecoder
 from fastaccum._py.framing import SseFramer
 from fastaccum.errors import StreamError
 from fastaccum.result import StreamResult, snapshot_of
@@ -96,6 +97,7 @@ class StreamAccumulator:
         self._done = False  # [DONE] seen
         self._error: StreamError | None = None
         self._result: StreamResult | None = None
+        self._chunks: ChunkedDecoder | None = None  # feed_chunked()'s decoder, made on first use
 
     # ---- public API ---------------------------------------------------------------------
 
@@ -128,6 +130,25 @@ class StreamAccumulator:
         except StreamError as exc:
             self._error = exc
             raise
+
+    def feed_chunked(self, data: bytes | bytearray | memoryview, /) -> int:
+        """Like ``feed()``, for the body of an HTTP/1.1 response with ``Transfer-Encoding:
+        chunked``: undo the chunked framing, then frame and apply; ``chunked_ended`` tells when
+        the last chunk has been read. Do not mix with ``feed()`` on one accumulator."""
+        if self._error is not None or self._result is not None or not isinstance(data, (bytes, bytearray, memoryview)):
+            raise refused_feed(data, self._error, self._result is not None, "feed_chunked")
+        if self._chunks is None:
+            self._chunks = ChunkedDecoder()
+        try:
+            return self._chunks.feed(bytes(data), self._framer, self._dispatch)
+        except StreamError as exc:
+            self._error = exc
+            raise
+
+    @property
+    def chunked_ended(self) -> bool:
+        """``feed_chunked()`` has read the last chunk and the trailer section: the body is complete."""
+        return self._chunks is not None and self._chunks.ended
 
     def finish(self) -> StreamResult:
         """End of input: the final result, or StreamTruncatedError without a terminal event."""

@@ -14,4 +14,5 @@ include "buffers.pxi"      # fastaccum._py.buffers: growable int32/float64 stora
 include "fields.pxi"       # fastaccum._py.fields: ids, logprobs, counts, base64 spans
 include "stream.pxi"       # compiled only: base64 values decoded while a large event arrives
 include "scan.pxi"         # compiled only: ordinary events read straight from their bytes
+include "chunked.pxi"      # fastaccum._py.chunked: HTTP/1.1 chunked bodies undone before framing
 include "accumulator.pxi"  # fastaccum._py.accumulator: events to arrays

@@ -98,6 +98,7 @@ cdef class StreamAccumulator(EventSink):
     cdef Int32Buffer _lp_ids
     cdef Float64Buffer _lp_values
     cdef Int32Buffer _out_ids
+    cdef ChunkedDecoder _chunks  # feed_chunked()'s decoder, made on first use
 
     def __init__(self, mode="auto", *, expert_shape=None, max_event_bytes=None):
         check_options(mode, expert_shape, max_event_bytes)
@@ -166,6 +167,35 @@ cdef class StreamAccumulator(EventSink):
                                                             self._meta_in_piece_len)
                 self._meta_in_piece = NULL
             PyBuffer_Release(&view)
+
+    def feed_chunked(self, data, /):
+        """Like ``feed()``, for the body of an HTTP/1.1 response with ``Transfer-Encoding:
+        chunked``: undo the chunked framing, then frame and apply; ``chunked_ended`` tells when
+        the last chunk has been read. Do not mix with ``feed()`` on one accumulator."""
+        cdef Py_buffer view
+        if self._error is not None or self._result is not None or not isinstance(data, (bytes, bytearray, memoryview)):
+            raise refused_feed(data, self._error, self._result is not None, "feed_chunked")
+        if self._chunks is None:
+            self._chunks = ChunkedDecoder()
+        if isinstance(data, memoryview) and not data.c_contiguous:
+            data = bytes(data)
+        PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+        try:
+            return self._chunks.feed(self._framer, <const unsigned char*>view.buf, view.len)
+        except StreamError as exc:
+            self._error = exc
+            raise
+        finally:
+            if self._meta_in_piece != NULL:  # events of several chunks point into this one read
+                self._lazy_meta = PyBytes_FromStringAndSize(<const char*>self._meta_in_piece,
+                                                            self._meta_in_piece_len)
+                self._meta_in_piece = NULL
+            PyBuffer_Release(&view)
+
+    @property
+    def chunked_ended(self):
+        """``feed_chunked()`` has read the last chunk and the trailer section: the body is complete."""
+        return self._chunks is not None and self._chunks.ended
 
     def finish(self):
         """End of input: the final result, or StreamTruncatedError without a terminal event."""

@@ -68,7 +68,7 @@ def test_stream_result_fields() -> None:
     names = [f.name for f in dataclasses.fields(StreamResult)]
     assert names == [
         "mode", "token_ids", "logprobs", "text", "finish_reason", "meta_info", "completion_tokens",
-        "top_p_token_ids", "top_p_token_offsets", "routed_experts", "events", "aborted",
+        "top_p_token_ids", "top_p_token_offsets", "routed_experts", "events", "aborted", "timing",
     ]
 
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from fastaccum.wire import (
     DONE,
     WireOptions,
+    chunk_encode,
     coalesce,
     echo_event,
     emission_points,
@@ -71,27 +72,28 @@ def _call(fn, *args) -> tuple[str, Any]:
     return ("ok", _result(value) if hasattr(value, "token_ids") else value)
 
 
-def _run(impl: ModuleType, pieces: list[bytes], kwargs: dict[str, Any], snap_at: set[int]) -> list[Any]:
+def _run(impl: ModuleType, pieces: list[bytes], kwargs: dict[str, Any], snap_at: set[int],
+         feed: str = "feed") -> list[Any]:
     try:
         acc = impl.StreamAccumulator(**kwargs)
     except Exception as exc:
         return [("init", _error(exc))]
     trace: list[Any] = []
     for i, piece in enumerate(pieces):
-        trace.append(_call(acc.feed, piece))
+        trace.append(_call(getattr(acc, feed), piece))
         if i in snap_at:
             trace.append(_call(acc.snapshot))
             trace.append(("state", acc.mode, acc.finished))
     trace.append(_call(acc.finish))
     trace.append(_call(acc.snapshot))
     trace.append(_call(acc.finish))
-    trace.append(("state", acc.mode, acc.finished))
+    trace.append(("state", acc.mode, acc.finished, acc.chunked_ended))
     return trace
 
 
-def assert_twins_agree(pieces: list[bytes], kwargs: dict[str, Any], snap_at: set[int]) -> None:
+def assert_twins_agree(pieces: list[bytes], kwargs: dict[str, Any], snap_at: set[int], feed: str = "feed") -> None:
     cy, py = _twins()
-    assert _run(cy, pieces, kwargs, snap_at) == _run(py, pieces, kwargs, snap_at)
+    assert _run(cy, pieces, kwargs, snap_at, feed) == _run(py, pieces, kwargs, snap_at, feed)
 
 
 # ---- stream generation ----------------------------------------------------------------------
@@ -238,10 +240,54 @@ def test_twins_agree_on_sse_soup(tokens: list[bytes], sizes: list[int], mode: st
     assert_twins_agree(pieces, {"mode": mode, "max_event_bytes": 4000}, set(range(0, len(pieces), 3)))
 
 
+# ---- chunked transfer encoding (feed_chunked) ------------------------------------------------
+
+CHUNK_CORRUPTIONS = [b"\r", b"\n", b"\r\n", b";", b" ", b"\t", b"0", b"f", b"g", b"x", b"\x00", b"ffffffffffffffff", b"0\r\n\r\n"]
+
+
+@st.composite
+def chunked_streams(draw: st.DrawFn) -> tuple[list[bytes], dict[str, Any], set[int]]:
+    """A stream's body as a chunked HTTP body: chunks of any size (one per event, as uvicorn and
+    aiohttp write, or cutting events anywhere), extensions, trailers, corrupted framing, any cut."""
+    pieces, kwargs, snap_at = draw(streams())
+    body = b"".join(pieces)
+    if draw(st.booleans()):
+        sizes = [len(p) for p in pieces]
+    else:
+        sizes = draw(st.lists(st.integers(1, 300), max_size=20))
+    extension = draw(st.sampled_from([b"", b"", b";a", b";a=b;c=\"d e\"", b" ;x=1", b"\t"]))
+    trailers = draw(st.sampled_from([b"", b"", b"X-Trailer: 1\r\n", b"A: b\r\nC: d\r\n"]))
+    data = chunk_encode(body, sizes, extension=extension, trailers=trailers)
+    for _ in range(draw(st.sampled_from([0, 0, 1, 1, 2]))):
+        at = draw(st.integers(0, len(data)))
+        how = draw(st.sampled_from(["insert", "replace", "delete", "truncate", "append"]))
+        junk = draw(st.sampled_from(CHUNK_CORRUPTIONS))
+        if how == "insert":
+            data = data[:at] + junk + data[at:]
+        elif how == "replace":
+            data = data[:at] + junk + data[at + len(junk) :]
+        elif how == "delete":
+            data = data[:at] + data[at + 1 :]
+        elif how == "truncate":
+            data = data[:at]
+        else:
+            data += junk
+    cuts = sorted(draw(st.lists(st.integers(0, len(data)), max_size=12)))
+    split = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])]
+    return split, kwargs, set(range(0, len(split), 3)) | snap_at
+
+
+@SETTINGS
+@given(chunked_streams())
+def test_twins_agree_on_chunked_bodies(case: tuple[list[bytes], dict[str, Any], set[int]]) -> None:
+    pieces, kwargs, snap_at = case
+    assert_twins_agree(pieces, kwargs, snap_at, "feed_chunked")
+
+
 def test_twins_have_the_same_public_names() -> None:
     cy, py = _twins()
     assert cy.__all__ == py.__all__
-    for name in ("feed", "finish", "snapshot", "finished", "mode"):
+    for name in ("feed", "feed_chunked", "chunked_ended", "finish", "snapshot", "finished", "mode"):
         assert hasattr(cy.StreamAccumulator, name) and hasattr(py.StreamAccumulator, name)
 
 

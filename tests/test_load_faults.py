@@ -1,6 +1,7 @@
 """Load and faults over loopback (tools/load_test.py): many concurrent streams with random aborts,
 outer cancellations and server faults, round after round, leave no task, socket or accumulator
-behind, keep RSS flat, and surface every fault as its documented error with the prefix kept.
+behind (nor any file descriptor), keep RSS flat, on both transports (GenerateStream and
+fastaccum.Client), and surface every fault as its documented error with the prefix kept.
 
 The default suite runs 128 streams x 3 rounds per twin; the issue's 512 x 10 is marked slow
 (``pytest -m slow tests/test_load_faults.py``, or ``python tools/load_test.py``).
@@ -39,7 +40,7 @@ RSS_GROWTH_LIMIT_MIB = 16.0
 def _check(reports: list, streams: int) -> None:
     for report in reports:
         assert report.failures == [], report.failures[:10]
-        assert report.leaked_tasks == 0 and report.open_sockets == 0
+        assert report.leaked_tasks == 0 and report.open_sockets == 0 and report.open_fds == 0
         assert report.live_accumulators == 0 and report.server_busy == 0
         assert sum(report.outcomes.values()) == streams
         # Every fault kind ran, and the errors are exactly the faults' documented classes.
@@ -53,17 +54,19 @@ def _check(reports: list, streams: int) -> None:
     assert rss[-1] - rss[min(1, len(rss) - 1)] < RSS_GROWTH_LIMIT_MIB, rss
 
 
+@pytest.mark.parametrize("transport", ["aiohttp", "client"])
 @pytest.mark.parametrize("twin", ["cython", "python"])
-def test_concurrent_streams_with_aborts_cancels_and_faults(twin: str) -> None:
-    reports = LOAD.run(128, 3, seed=7, twin=twin)
+def test_concurrent_streams_with_aborts_cancels_and_faults(twin: str, transport: str) -> None:
+    reports = LOAD.run(128, 3, seed=7, twin=twin, transport=transport)
     _check(reports, 128)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("transport", ["aiohttp", "client"])
 @pytest.mark.parametrize("twin", ["cython", "python"])
-def test_512_streams_10_rounds(twin: str, request: pytest.FixtureRequest) -> None:
+def test_512_streams_10_rounds(twin: str, transport: str, request: pytest.FixtureRequest) -> None:
     # Plain pytest does not deselect the slow marker: run only with -m slow or FASTACCUM_SLOW=1.
     if "slow" not in (request.config.getoption("markexpr") or "") and os.environ.get("FASTACCUM_SLOW") != "1":
         pytest.skip("slow: run with -m slow or FASTACCUM_SLOW=1")
-    reports = LOAD.run(512, 10, seed=0, twin=twin)
+    reports = LOAD.run(512, 10, seed=0, twin=twin, transport=transport)
     _check(reports, 512)

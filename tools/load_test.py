@@ -1,7 +1,7 @@
 """Load and fault test of the client against emulators on loopback: leaks, RSS, error bounds.
 
-Each round opens one aiohttp session and runs N concurrent ``GenerateStream``s against two emulator
-subprocesses (one cumulative, one incremental, so the client process is measured alone). Every
+Each round opens one aiohttp session (or, with ``--transport client``, one ``fastaccum.Client`` per
+server) and runs N concurrent streams against two emulator subprocesses (one cumulative, one incremental, so the client process is measured alone). Every
 stream follows a random plan:
 
 - ``complete``: runs to the end; the result must equal the emulator's truth;
@@ -14,11 +14,13 @@ stream follows a random plan:
   (StreamConnectionError, to a port nobody listens on). Every failed stream's ``snapshot()`` must be
   a prefix of the truth.
 
-After each round: no asyncio task left but the runner, no socket left open in /proc/self/fd, both
+After each round: no asyncio task left but the runner, no socket or other file descriptor left
+open in /proc/self/fd, both
 emulators idle (every abandoned request was noticed), no accumulator alive; RSS is recorded.
 
     python tools/load_test.py --streams 512 --rounds 10          # the issue's full run
     python tools/load_test.py --streams 128 --rounds 3 --twin python
+    python tools/load_test.py --transport client                  # fastaccum.Client
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+import fastaccum
 import fastaccum.client as client_module
 from fastaccum.client import STREAM_TIMEOUT, GenerateStream
 from fastaccum.emulator import ABORT_REASON, Emulator
@@ -88,6 +91,8 @@ class RoundReport:
     rss_mib: float
     slowest_error_s: float
     failures: list[str] = field(default_factory=list)
+    open_fds: int = 0
+    transport: str = "aiohttp"
 
 
 # ---- process measurements -----------------------------------------------------------------------
@@ -103,6 +108,10 @@ def open_sockets() -> int:
         except OSError:
             pass  # the fd of the listdir itself, closed meanwhile
     return count
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
 
 
 def rss_mib() -> float:
@@ -188,7 +197,7 @@ def check_prefix(server: EmulatorProcess, rid: str, result: Any, n: int) -> str 
     return None
 
 
-async def one_stream(session: aiohttp.ClientSession, servers: list[EmulatorProcess], rid: str,
+async def one_stream(session: aiohttp.ClientSession, make: Any, servers: list[EmulatorProcess], rid: str,
                      plan: str, rng: random.Random, failures: list[str]) -> tuple[str, float]:
     """Run one planned stream; return (outcome, seconds until an expected error, else 0).
 
@@ -208,8 +217,7 @@ async def one_stream(session: aiohttp.ClientSession, servers: list[EmulatorProce
     if fault is not None:
         n = max(n, 64)  # long enough that the fault's event exists
     url = refused_url() if plan == "refused" else f"{server.url}/generate"
-    stream = GenerateStream(session, url, payload(rid, n, fault),
-                            read_timeout=READ_TIMEOUT if plan == "stall" else None)
+    stream = make(url, payload(rid, n, fault), READ_TIMEOUT if plan == "stall" else None)
     loop = asyncio.get_running_loop()
     delay = rng.uniform(0.0, 0.25)
     task = asyncio.ensure_future(stream.run())
@@ -294,15 +302,31 @@ async def server_busy(session: aiohttp.ClientSession, servers: list[EmulatorProc
 
 
 async def run_round(servers: list[EmulatorProcess], index: int, n: int, rng: random.Random,
-                    baseline_sockets: int) -> RoundReport:
+                    baseline_sockets: int, baseline_fds: int = 0, transport: str = "aiohttp") -> RoundReport:
     failures: list[str] = []
     plans = plan_round(rng, n)
     started = time.perf_counter()
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(timeout=STREAM_TIMEOUT, connector=connector) as session:
-        outcomes = await asyncio.gather(*(
-            one_stream(session, servers, f"r{index:02d}-s{i:04d}-", plan, random.Random(rng.random()), failures)
-            for i, plan in enumerate(plans)))
+        clients: dict[str, fastaccum.Client] = {}
+
+        def make(url: str, body: dict[str, Any], read_timeout: float | None) -> Any:
+            if transport == "aiohttp":
+                return GenerateStream(session, url, body, read_timeout=read_timeout)
+            base = url.rsplit("/generate", 1)[0]
+            if base not in clients:
+                clients[base] = fastaccum.Client(base)
+            return clients[base].stream(body, read_timeout=read_timeout)
+
+        try:
+            outcomes = await asyncio.gather(*(
+                one_stream(session, make, servers, f"r{index:02d}-s{i:04d}-", plan, random.Random(rng.random()),
+                           failures)
+                for i, plan in enumerate(plans)))
+        finally:
+            for client in clients.values():
+                await client.close()
+            clients.clear()
     wall = time.perf_counter() - started
     # Every abandoned request must be noticed by its server (no zombie decoding), within a grace.
     async with aiohttp.ClientSession() as probe:
@@ -315,13 +339,16 @@ async def run_round(servers: list[EmulatorProcess], index: int, n: int, rng: ran
     while time.monotonic() < deadline:
         leaked = [t for t in asyncio.all_tasks() if t is not current]
         sockets = open_sockets() - baseline_sockets
-        if not leaked and sockets <= 0:
+        fds = open_fds() - baseline_fds
+        if not leaked and sockets <= 0 and fds <= 0:
             break
         await asyncio.sleep(0.02)
     if leaked:
         failures.append(f"{len(leaked)} tasks left: {leaked[:3]!r}")
     if sockets > 0:
         failures.append(f"{sockets} sockets left open")
+    if baseline_fds and fds > 0:
+        failures.append(f"{fds} file descriptors left open")
     if busy:
         failures.append(f"{busy} requests still running or queued on the emulators")
     live = live_accumulators()
@@ -332,11 +359,12 @@ async def run_round(servers: list[EmulatorProcess], index: int, n: int, rng: ran
         outcomes=dict(Counter(o for o, _ in outcomes)), leaked_tasks=len(leaked), open_sockets=max(sockets, 0),
         live_accumulators=live, server_busy=busy, rss_mib=round(rss_mib(), 1),
         slowest_error_s=round(max((t for _, t in outcomes), default=0.0), 2), failures=failures,
+        open_fds=max(fds, 0), transport=transport,
     )
 
 
 def run(streams: int, rounds: int, *, seed: int = 0, twin: str = "cython",
-        log: Any = None) -> list[RoundReport]:
+        log: Any = None, transport: str = "aiohttp") -> list[RoundReport]:
     """Start the emulators, run the rounds, stop the emulators; one report per round."""
     if twin == "python":
         from fastaccum import _py
@@ -352,9 +380,10 @@ def run(streams: int, rounds: int, *, seed: int = 0, twin: str = "cython",
         async def main() -> list[RoundReport]:
             rng = random.Random(seed)
             baseline = open_sockets()
+            baseline_fds = open_fds()
             reports = []
             for index in range(1, rounds + 1):
-                report = await run_round(servers, index, streams, rng, baseline)
+                report = await run_round(servers, index, streams, rng, baseline, baseline_fds, transport)
                 reports.append(report)
                 if log is not None:
                     print(_line(report), file=log, flush=True)
@@ -369,7 +398,7 @@ def run(streams: int, rounds: int, *, seed: int = 0, twin: str = "cython",
 
 def _line(r: RoundReport) -> str:
     return (f"round {r.round:2d}: {r.streams} streams in {r.wall_s:5.2f} s  rss {r.rss_mib:7.1f} MiB  "
-            f"tasks {r.leaked_tasks}  sockets {r.open_sockets}  accumulators {r.live_accumulators}  "
+            f"tasks {r.leaked_tasks}  sockets {r.open_sockets}  fds {r.open_fds}  accumulators {r.live_accumulators}  "
             f"server busy {r.server_busy}  slowest error {r.slowest_error_s:.2f} s  "
             f"failures {len(r.failures)}  {dict(sorted(r.outcomes.items()))}")
 
@@ -380,12 +409,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--twin", choices=("cython", "python"), default="cython")
+    parser.add_argument("--transport", choices=("aiohttp", "client"), default="aiohttp")
     parser.add_argument("--rss-growth-mib", type=float, default=32.0,
                         help="fail if RSS grows more than this from round 2 to the last round")
     parser.add_argument("--json", help="also write the reports to this file")
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    reports = run(args.streams, args.rounds, seed=args.seed, twin=args.twin, log=sys.stdout)
+    reports = run(args.streams, args.rounds, seed=args.seed, twin=args.twin, log=sys.stdout, transport=args.transport)
     failures = [f for r in reports for f in r.failures]
     growth = reports[-1].rss_mib - reports[min(1, len(reports) - 1)].rss_mib
     print(f"{args.rounds} rounds x {args.streams} streams ({args.twin}) in {time.perf_counter() - started:.1f} s; "

@@ -1,7 +1,8 @@
 """Atheris harness for fastaccum's core: no crash, only StreamError escapes, and the twins agree.
 
 One fuzz input is a 4-byte header and an SSE body. The header picks the accumulator options
-(mode, max_event_bytes, expert_shape), whether the compiled twin streams every event's base64
+(mode, max_event_bytes, expert_shape), whether the body is an HTTP chunked body (fed with
+``feed_chunked()``, bit 7 of the first byte), whether the compiled twin streams every event's base64
 (the threshold of its streamed decode set to 0, and its own decoder or pybase64), and a seed for
 cutting the body into pieces (whole, single bytes, or random sizes up to 4 KiB). Each input runs
 three times: the compiled twin on the pieces, the pure twin on the same pieces, and the compiled
@@ -42,6 +43,11 @@ _MODES = ("auto", "cumulative", "incremental", "auto")
 _LIMITS = (None, None, 300, 4096)
 _SHAPES = (None, (2, 2))
 STRICT = os.environ.get("FASTACCUM_FUZZ_STRICT", "1") == "1"
+
+
+def chunked(header: bytes) -> bool:
+    """Header bit 7: the body is an HTTP/1.1 chunked body, fed with ``feed_chunked()``."""
+    return bool(header and header[0] & 0x80)
 
 
 class TwinMismatch(AssertionError):
@@ -152,7 +158,7 @@ def check_consistent(r: Any, where: str) -> None:
         raise AssertionError(f"{where}: text is {type(r.text).__name__}")
 
 
-def run_twin(impl: ModuleType, pieces: list[bytes], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+def run_twin(impl: ModuleType, pieces: list[bytes], kwargs: dict[str, Any], method: str = "feed") -> tuple[Any, ...]:
     """Feed every piece, then finish(); return (outcome, snapshot, ...) in comparable form.
 
     A non-StreamError exception propagates: that is the crash the harness looks for.
@@ -160,15 +166,16 @@ def run_twin(impl: ModuleType, pieces: list[bytes], kwargs: dict[str, Any]) -> t
     from fastaccum.errors import StreamError
 
     acc = impl.StreamAccumulator(**kwargs)
+    feed = getattr(acc, method)
     outcome: tuple[Any, ...]
     try:
         for piece in pieces:
-            acc.feed(piece)
+            feed(piece)
         result = acc.finish()
     except StreamError as exc:
         outcome = ("error", error_key(exc))
         # The first error is kept: feeding or finishing again raises it again (docs/core.md).
-        for again in (lambda: acc.feed(b""), acc.finish):
+        for again in (lambda: feed(b""), acc.finish):
             try:
                 again()
             except StreamError as repeat:
@@ -183,7 +190,7 @@ def run_twin(impl: ModuleType, pieces: list[bytes], kwargs: dict[str, Any]) -> t
             raise AssertionError(f"{impl.__name__}: finish() twice built a new result")
     snap = acc.snapshot()
     check_consistent(snap, f"{impl.__name__} snapshot")
-    return outcome, summary(snap), acc.mode, acc.finished, acc.tokens
+    return outcome, summary(snap), acc.mode, acc.finished, acc.tokens, acc.chunked_ended
 
 
 def known_bug(exc: BaseException) -> str | None:
@@ -205,7 +212,8 @@ def check_input(data: bytes, twins: tuple[ModuleType, ModuleType] | None = None)
     old_after = cy._stream_after_bytes(0 if stream_all else None)
     old_decoder = cy._decode_in_place(own_decoder)
     try:
-        outcomes = [run_twin(impl, feed, kwargs) for impl, feed in ((py, pieces), (cy, pieces), (cy, [body]))]
+        method = "feed_chunked" if chunked(header) else "feed"
+        outcomes = [run_twin(impl, feed, kwargs, method) for impl, feed in ((py, pieces), (cy, pieces), (cy, [body]))]
     finally:
         cy._stream_after_bytes(old_after)
         cy._decode_in_place(old_decoder)
@@ -440,7 +448,7 @@ def main(argv: list[str]) -> None:
 
 
 # Imported by tests/test_fuzz_corpus.py; atheris itself is only needed by main().
-__all__ = ("check_input", "cut", "options", "mutate", "known_bug", "replay", "HEADER_BYTES")
+__all__ = ("check_input", "chunked", "cut", "options", "mutate", "known_bug", "replay", "HEADER_BYTES")
 
 if __name__ == "__main__":
     main(sys.argv)

@@ -18,6 +18,7 @@ import orjson
 
 from fastaccum.wire import (
     DONE,
+    chunk_encode,
     WireOptions,
     coalesce,
     echo_event,
@@ -36,6 +37,7 @@ SHAPE = 1 << 4
 LIMIT_4K = 3 << 2
 STREAMED = 1 << 5
 PYBASE64 = 1 << 6
+CHUNKED = 1 << 7
 
 
 def header(flags: int, cutting: int = 0) -> bytes:
@@ -112,6 +114,15 @@ def seeds() -> dict[str, bytes]:
     out["oversized"] = header(AUTO | LIMIT_4K) + b"data: " + b"x" * 5000 + b"\n\n"
     out["nesting"] = header(AUTO) + b"data: " + b"[" * 1100 + b"]" * 1100 + b"\n\n"
     out["surrogate"] = header(AUTO) + b'data: {"text":"\\ud800","output_ids":[],"meta_info":{}}\n\n'
+
+    # HTTP chunked bodies (feed_chunked): one chunk per event as uvicorn writes, chunks cutting
+    # events, extensions and trailers, and broken framing.
+    per_event = b"".join(chunk_encode(sse(e))[:-5] for e in stream_events(small, inc)) + chunk_encode(DONE)
+    out["chunked-per-event"] = header(AUTO | CHUNKED, 2) + per_event
+    out["chunked-cum-ext-trailers"] = header(CUM | CHUNKED, 1) + chunk_encode(
+        stream_bytes(stream_events(small, cum)), [5, 17, 1, 40], extension=b";n=v", trailers=b"X-T: 1\r\n")
+    out["chunked-bad-size"] = header(AUTO | CHUNKED) + chunk_encode(first)[:-5] + b"1g\r\n"
+    out["chunked-data-after-end"] = header(AUTO | CHUNKED) + per_event + b"5\r\n"
 
     # Reported core bugs (docs/reliability.md); test_fuzz_corpus.py expects these to fail until fixed.
     out["bug-B1-nested-error"] = header(AUTO) + b'data: {"error":' + b"[" * 1000 + b"]" * 1000 + b"}\n\n"

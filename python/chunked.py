@@ -1,0 +1,151 @@
+"""HTTP/1.1 chunked transfer decoding in front of the SSE framer: one call per socket read."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastaccum._messages import bad_chunk
+from fastaccum._py.framing import SseFramer
+
+__all__ = ("ChunkedDecoder",)
+
+_CR = 0x0D
+_LF = 0x0A
+_SEMICOLON = 0x3B
+_SPACE = 0x20
+_TAB = 0x09
+
+# States (fastaccum._messages.bad_chunk names each); the compiled twin numbers them alike.
+_SIZE_START = 0
+_SIZE = 1
+_SIZE_SPACE = 2  # whitespace after the size: only more of it, ';' or CR may follow
+_EXTENSION = 3
+_SIZE_LF = 4
+_DATA = 5
+_DATA_CR = 6
+_DATA_LF = 7
+_TRAILER_START = 8
+_TRAILER = 9
+_TRAILER_LF = 10
+_END_LF = 11
+_DONE = 12
+
+# Extensions and trailers are skipped, never buffered; the cap only stops a peer that never ends
+# a line from holding the stream open while sending bytes.
+_LINE_LIMIT = 8192
+# 2**60: far beyond any real chunk, and the compiled twin's int64 arithmetic cannot overflow.
+_SIZE_SHIFT_LIMIT = 1 << 56
+
+
+def _hex_value(byte: int) -> int:
+    if 0x30 <= byte <= 0x39:
+        return byte - 0x30
+    if 0x61 <= byte <= 0x66:
+        return byte - 0x61 + 10
+    if 0x41 <= byte <= 0x46:
+        return byte - 0x41 + 10
+    return -1
+
+
+class ChunkedDecoder:
+    """Undoes ``Transfer-Encoding: chunked`` (RFC 9112, section 7.1) incrementally and hands each
+    span of chunk data to the SSE framer as it arrives: chunk boundaries need not match events.
+
+    Chunk extensions and trailer fields are checked for line structure and ignored. Any byte the
+    grammar does not allow raises ``StreamFormatError``; so do bytes after the last chunk.
+    """
+
+    def __init__(self) -> None:
+        self.state = _SIZE_START
+        self.remaining = 0  # data bytes left in the current chunk
+        self.line = 0  # bytes of the current size or trailer line
+        self.ended = False  # the last chunk and the trailer section have been read
+
+    def feed(self, buf: bytes, framer: SseFramer, dispatch: Callable[[bytearray, int], None]) -> int:
+        """Decode ``buf``; frame its chunk data; return the number of events that completed."""
+        n = len(buf)
+        pos = 0
+        count = 0
+        while pos < n:
+            state = self.state
+            if state == _DATA:
+                take = min(self.remaining, n - pos)
+                self.remaining -= take
+                if self.remaining == 0:
+                    self.state = _DATA_CR
+                count += framer.feed(buf[pos : pos + take], dispatch)
+                pos += take
+                continue
+            byte = buf[pos]
+            pos += 1
+            if state == _SIZE_START or state == _SIZE:
+                digit = _hex_value(byte)
+                if digit >= 0:
+                    if self.remaining >= _SIZE_SHIFT_LIMIT:
+                        raise bad_chunk(framer.events, state, -1)
+                    self.remaining = self.remaining * 16 + digit
+                    self.state = _SIZE
+                elif state == _SIZE_START:
+                    raise bad_chunk(framer.events, state, byte)
+                else:
+                    self._after_size(byte, framer)
+                self._count_line(framer)
+            elif state == _SIZE_SPACE:
+                self._after_size(byte, framer)
+                self._count_line(framer)
+            elif state == _EXTENSION or state == _TRAILER:
+                if byte == _CR:
+                    self.state = _SIZE_LF if state == _EXTENSION else _TRAILER_LF
+                elif byte == _LF:
+                    raise bad_chunk(framer.events, state, byte)
+                else:
+                    self._count_line(framer)
+            elif state == _SIZE_LF:
+                if byte != _LF:
+                    raise bad_chunk(framer.events, state, byte)
+                self.line = 0
+                self.state = _DATA if self.remaining else _TRAILER_START
+            elif state == _DATA_CR:
+                if byte != _CR:
+                    raise bad_chunk(framer.events, state, byte)
+                self.state = _DATA_LF
+            elif state == _DATA_LF:
+                if byte != _LF:
+                    raise bad_chunk(framer.events, state, byte)
+                self.state = _SIZE_START
+            elif state == _TRAILER_START:
+                if byte == _CR:
+                    self.state = _END_LF
+                elif byte == _LF:
+                    raise bad_chunk(framer.events, state, byte)
+                else:
+                    self.state = _TRAILER
+                    self._count_line(framer)
+            elif state == _TRAILER_LF:
+                if byte != _LF:
+                    raise bad_chunk(framer.events, state, byte)
+                self.line = 0
+                self.state = _TRAILER_START
+            elif state == _END_LF:
+                if byte != _LF:
+                    raise bad_chunk(framer.events, state, byte)
+                self.state = _DONE
+                self.ended = True
+            else:
+                raise bad_chunk(framer.events, state, byte)
+        return count
+
+    def _after_size(self, byte: int, framer: SseFramer) -> None:
+        if byte == _SEMICOLON:
+            self.state = _EXTENSION
+        elif byte == _CR:
+            self.state = _SIZE_LF
+        elif byte == _SPACE or byte == _TAB:
+            self.state = _SIZE_SPACE
+        else:
+            raise bad_chunk(framer.events, self.state, byte)
+
+    def _count_line(self, framer: SseFramer) -> None:
+        self.line += 1
+        if self.line > _LINE_LIMIT:
+            raise bad_chunk(framer.events, self.state, -2)
