@@ -34,8 +34,12 @@ def _install(session: nox.Session, extra: str = "test", **env: str) -> None:
 def fast(session: nox.Session) -> None:
     """Both twins, without the slow tier; pytest arguments pass through (nox -s fast -- -k slime)."""
     _install(session)
-    session.run("tools/fast_tests.sh", *session.posargs,
-                env={"PYTHON": session.virtualenv.bin + "/python", **REQUIRED}, external=True)
+    session.run(
+        "tools/fast_tests.sh",
+        *session.posargs,
+        env={"PYTHON": session.virtualenv.bin + "/python", **REQUIRED},
+        external=True,
+    )
 
 
 @nox.session(python=PYTHON)
@@ -50,17 +54,32 @@ def lint(session: nox.Session) -> None:
 def pure(session: nox.Session) -> None:
     """The fallback users get where the core cannot be compiled, with the compiled tests skipped."""
     _install(session, FASTACCUM_NO_EXTENSIONS="1")
-    session.run("python", "-P", "-c", "import fastaccum; assert fastaccum.IMPLEMENTATION == 'python'",
-                env={"FASTACCUM_NO_EXTENSIONS": "1"})
-    session.run("python", "-P", "-m", "pytest", "-m", "not slow", "--no-c-extensions", "-q", "tests",
-                *session.posargs, env={"FASTACCUM_NO_EXTENSIONS": "1"})
+    session.run(
+        "python",
+        "-P",
+        "-c",
+        "import fastaccum; assert fastaccum.IMPLEMENTATION == 'python'",
+        env={"FASTACCUM_NO_EXTENSIONS": "1"},
+    )
+    session.run(
+        "python",
+        "-P",
+        "-m",
+        "pytest",
+        "-m",
+        "not slow",
+        "--no-c-extensions",
+        "-q",
+        "tests",
+        *session.posargs,
+        env={"FASTACCUM_NO_EXTENSIONS": "1"},
+    )
 
 
 @nox.session(python=PYTHON)
 def sanitize(session: nox.Session) -> None:
     _install(session)
-    session.run("tools/sanitize.sh", "--asan-only", env={"PYTHON": session.virtualenv.bin + "/python"},
-                external=True)
+    session.run("tools/sanitize.sh", "--asan-only", env={"PYTHON": session.virtualenv.bin + "/python"}, external=True)
 
 
 @nox.session(python=PYTHON)

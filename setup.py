@@ -11,9 +11,7 @@ from setuptools.command.build_ext import build_ext
 
 NO_EXTENSIONS = os.environ.get("FASTACCUM_NO_EXTENSIONS", "") not in ("", "0")
 # cibuildwheel and CI must never ship or test a wheel that silently lacks the extension.
-REQUIRE_EXTENSIONS = (
-    os.environ.get("FASTACCUM_REQUIRE_EXTENSIONS") == "1" or os.environ.get("CIBUILDWHEEL") == "1"
-)
+REQUIRE_EXTENSIONS = os.environ.get("FASTACCUM_REQUIRE_EXTENSIONS") == "1" or os.environ.get("CIBUILDWHEEL") == "1"
 DEBUG = os.environ.get("FASTACCUM_CYTHON_DEBUG") == "1"
 if sys.implementation.name != "cpython":
     NO_EXTENSIONS = True
@@ -74,9 +72,11 @@ class OptionalBuildExt(build_ext):
         if gnu:
             ext.extra_compile_args = ["-O0", "-g"] if DEBUG else ["-O3"]
             ext.extra_compile_args += ["-Wall", "-Wextra"]
-        parts = ", ".join(
-            f"{name}: {'yes' if value == '1' else 'no'}" for name, value in zip(FEATURES, found[1:])
-        ) if found else "optional parts unknown"
+        parts = (
+            ", ".join(f"{name}: {'yes' if value == '1' else 'no'}" for name, value in zip(FEATURES, found[1:]))
+            if found
+            else "optional parts unknown"
+        )
         print(f"fastaccum: compiled core ({'debug' if DEBUG else 'release'}; {parts})")
         try:
             super().build_extension(ext)

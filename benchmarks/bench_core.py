@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import base64
 import codecs
+import functools
 import gc
 import importlib
 import json
@@ -61,8 +62,13 @@ class WorkloadSpec:
     expert_shape: tuple[int, int] | None = None  # (layers, topk) of routed experts
 
     def describe(self) -> str:
-        parts = [self.mode, f"{self.tokens:,} tokens", f"interval {self.interval}", "logprobs",
-                 "text" if self.text else "no text"] + ["top-p"] * self.top_p
+        parts = [
+            self.mode,
+            f"{self.tokens:,} tokens",
+            f"interval {self.interval}",
+            "logprobs",
+            "text" if self.text else "no text",
+        ] + ["top-p"] * self.top_p
         if self.expert_shape:
             parts.append(f"routed experts {'x'.join(map(str, self.expert_shape))}, prompt {self.prompt_tokens:,}")
         return ", ".join(parts)
@@ -126,7 +132,10 @@ def _progress(iterable: Iterable[Any], total: int, desc: str, enabled: bool) -> 
 def stream_of(spec: WorkloadSpec, *, progress: bool = False) -> tuple[bytes, Expected]:
     """The workload's SSE bytes (ending in [DONE]) and the outputs they must produce."""
     gen = wire.synthetic_generation(
-        spec.name, spec.tokens, prompt_tokens=spec.prompt_tokens, top_p=spec.top_p,
+        spec.name,
+        spec.tokens,
+        prompt_tokens=spec.prompt_tokens,
+        top_p=spec.top_p,
         expert_shape=spec.expert_shape,
     )
     opts = wire.WireOptions(incremental=spec.mode == "incremental", skip_tokenizer_init=not spec.text)
@@ -219,9 +228,7 @@ def naive_events(pieces: Iterable[bytes]) -> Iterator[dict[str, Any]]:
                 yield json.loads(line[6:])
 
 
-def naive_consume(
-    pieces: Iterable[bytes], *, mode: str, expert_shape: tuple[int, int] | None = None
-) -> NaiveResult:
+def naive_consume(pieces: Iterable[bytes], *, mode: str, expert_shape: tuple[int, int] | None = None) -> NaiveResult:
     """The consumer users write today: decode to str, split lines, json.loads per event, lists.
 
     Events are read by ``naive_events``; null logprobs are made NaN, the cumulative stream is read
@@ -359,7 +366,10 @@ def memory_child(consumer: str, workload: str, size: str, path: str) -> dict[str
     _, traced_peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     return {
-        "consumer": consumer, "seconds": seconds, "hwm_reset": hwm_reset, "minor_page_faults": faults,
+        "consumer": consumer,
+        "seconds": seconds,
+        "hwm_reset": hwm_reset,
+        "minor_page_faults": faults,
         # Without the reset the HWM may predate the run: then growth is an upper bound.
         "rss_growth_bytes": (after["VmHWM"] - before["VmRSS"]) * 1024,
         "rss_retained_bytes": (after["VmRSS"] - before["VmRSS"]) * 1024,
@@ -419,10 +429,15 @@ def machine_info() -> dict[str, Any]:
     import fastaccum
 
     return {
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpu": cpu, "cpu_count": os.cpu_count(),
-        "platform": platform.platform(), "python": f"{platform.python_implementation()} {platform.python_version()}",
-        "versions": versions, "fastaccum_implementation": getattr(fastaccum, "IMPLEMENTATION", None),
-        "git_commit": git.stdout.strip() or None, "git_dirty": bool(dirty.stdout.strip()),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "versions": versions,
+        "fastaccum_implementation": getattr(fastaccum, "IMPLEMENTATION", None),
+        "git_commit": git.stdout.strip() or None,
+        "git_dirty": bool(dirty.stdout.strip()),
         "loadavg_start": os.getloadavg(),
     }
 
@@ -438,12 +453,19 @@ def run_workload(spec: WorkloadSpec, size: str, args: argparse.Namespace) -> dic
     body, expected = stream_of(spec, progress=not args.no_progress)
     pieces = wire.split_pieces(body, [PIECE_BYTES])
     report: dict[str, Any] = {
-        "description": spec.describe(), "tokens": spec.tokens, "events": expected.events,
-        "stream_bytes": len(body), "pieces": len(pieces), "build_seconds": time.perf_counter() - t0,
-        "routed_experts_bytes": spec.routed_bytes(), "consumers": {},
+        "description": spec.describe(),
+        "tokens": spec.tokens,
+        "events": expected.events,
+        "stream_bytes": len(body),
+        "pieces": len(pieces),
+        "build_seconds": time.perf_counter() - t0,
+        "routed_experts_bytes": spec.routed_bytes(),
+        "consumers": {},
     }
-    print(f"    {expected.events:,} events, {len(body) / 1e6:,.1f} MB in {len(pieces):,} pieces "
-          f"(built in {report['build_seconds']:.1f} s)")
+    print(
+        f"    {expected.events:,} events, {len(body) / 1e6:,.1f} MB in {len(pieces):,} pieces "
+        f"(built in {report['build_seconds']:.1f} s)"
+    )
     errors: dict[str, str] = {}
     fns: dict[str, Callable[[Sequence[bytes]], Any]] = {}
     for name in args.consumers:
@@ -456,7 +478,7 @@ def run_workload(spec: WorkloadSpec, size: str, args: argparse.Namespace) -> dic
     for round_ in range(args.repeat):
         for name in [n for n in fns if n not in errors and (not round_ or sum(runs[n]) < args.budget)]:
             try:
-                seconds, out = time_once(lambda: fns[name](pieces))
+                seconds, out = time_once(functools.partial(fns[name], pieces))
                 if round_ == 0:  # outputs checked once, outside the timed region
                     check_consumer(name, out, expected)
             except Exception as exc:  # a twin under construction may fail; report it and go on
@@ -472,21 +494,28 @@ def run_workload(spec: WorkloadSpec, size: str, args: argparse.Namespace) -> dic
             print(f"    {name:<9} {errors[name]}")
             continue
         best = min(runs[name])
-        report["consumers"][name] = {"best_seconds": best, "runs_seconds": runs[name],
-                                     "over_floor": best / floor if floor else None}
+        report["consumers"][name] = {
+            "best_seconds": best,
+            "runs_seconds": runs[name],
+            "over_floor": best / floor if floor else None,
+        }
         print(f"    {name:<9} {_fmt_time(best)}  ({len(runs[name])} runs, {len(body) / best / 1e6:,.0f} MB/s)")
     if expected.routed_experts is not None and not args.no_memory:
-        print(f"    peak memory, one fresh process per consumer (decoded routed experts "
-              f"{spec.routed_bytes() / 1e6:,.1f} MB):")
+        print(
+            f"    peak memory, one fresh process per consumer (decoded routed experts "
+            f"{spec.routed_bytes() / 1e6:,.1f} MB):"
+        )
         report["memory"] = measure_memory(spec, size, body, [c for c in args.consumers if c not in errors])
         for name, entry in report["memory"].items():
             if "error" in entry:
                 print(f"    {name:<9} FAILED {entry['error']}")
                 continue
             rss, traced = entry["rss_growth_bytes"] / 1e6, entry["tracemalloc_peak_bytes"] / 1e6
-            print(f"    {name:<9} RSS growth {rss:8,.1f} MB = {entry['growth_over_routed']:5.2f}x   tracemalloc peak "
-                  f"{traced:8,.1f} MB = {entry['tracemalloc_over_routed']:5.2f}x"
-                  f"{'' if entry['hwm_reset'] else '  (HWM not reset: an upper bound)'}")
+            print(
+                f"    {name:<9} RSS growth {rss:8,.1f} MB = {entry['growth_over_routed']:5.2f}x   tracemalloc peak "
+                f"{traced:8,.1f} MB = {entry['tracemalloc_over_routed']:5.2f}x"
+                f"{'' if entry['hwm_reset'] else '  (HWM not reset: an upper bound)'}"
+            )
     return report
 
 
@@ -494,13 +523,20 @@ def summarize(reports: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """The target table: each ratio for the compiled twin (target) and the pure twin (reported)."""
     rows = []
 
-    def row(workload: str, ratio: str, value: float | None, bounds: tuple[float, float], kind: str,
-            targeted: bool) -> dict[str, Any]:
+    def row(
+        workload: str, ratio: str, value: float | None, bounds: tuple[float, float], kind: str, targeted: bool
+    ) -> dict[str, Any]:
         sign = "<=" if kind == "max" else ">="
-        met = [None if value is None or not targeted else (value <= b if kind == "max" else value >= b)
-               for b in bounds]
-        return {"workload": workload, "ratio": ratio, "value": value, "target": f"{sign} {bounds[0]}",
-                "met": met[0], "fast_path_target": f"{sign} {bounds[1]}", "fast_path_met": met[1]}
+        met = [None if value is None or not targeted else (value <= b if kind == "max" else value >= b) for b in bounds]
+        return {
+            "workload": workload,
+            "ratio": ratio,
+            "value": value,
+            "target": f"{sign} {bounds[0]}",
+            "met": met[0],
+            "fast_path_target": f"{sign} {bounds[1]}",
+            "fast_path_met": met[1],
+        }
 
     for workload, num, den, bound, fast_bound, kind in TARGETS:
         if workload not in reports:
@@ -510,13 +546,22 @@ def summarize(reports: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             a, b = (twin if num == "compiled" else num), (twin if den == "compiled" else den)
             ta = consumers.get(a, {}).get("best_seconds")
             tb = consumers.get(b, {}).get("best_seconds")
-            rows.append(row(workload, f"{a}/{b}", ta / tb if ta and tb else None, (bound, fast_bound), kind,
-                            twin == "compiled"))
+            rows.append(
+                row(workload, f"{a}/{b}", ta / tb if ta and tb else None, (bound, fast_bound), kind, twin == "compiled")
+            )
     mem = reports.get("W3", {}).get("memory", {})
     for twin in ("compiled", "pure", "naive", "floor"):
         if twin in mem:
-            rows.append(row("W3", f"{twin} peak RSS growth / routed", mem[twin].get("growth_over_routed"),
-                            (MEMORY_TARGET, FAST_PATH_MEMORY_TARGET), "max", twin == "compiled"))
+            rows.append(
+                row(
+                    "W3",
+                    f"{twin} peak RSS growth / routed",
+                    mem[twin].get("growth_over_routed"),
+                    (MEMORY_TARGET, FAST_PATH_MEMORY_TARGET),
+                    "max",
+                    twin == "compiled",
+                )
+            )
     return rows
 
 
@@ -525,8 +570,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workloads", default="W1,W2,W3", help="comma-separated: W1,W2,W3,W1text")
     parser.add_argument("--consumers", default=",".join(CONSUMERS), help="subset of " + ",".join(CONSUMERS))
     parser.add_argument("--repeat", type=int, default=3, help="runs per consumer; the best is reported")
-    parser.add_argument("--budget", type=float, default=60.0,
-                        help="stop repeating a consumer once its runs took this many seconds in total")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=60.0,
+        help="stop repeating a consumer once its runs took this many seconds in total",
+    )
     parser.add_argument("--small", action="store_true", help="the reduced sizes of the pytest cases")
     parser.add_argument("--no-memory", action="store_true", help="skip the W3 peak-memory subprocesses")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm bar while building")
@@ -540,27 +589,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     size = "small" if args.small else "full"
     specs = REDUCED if args.small else FULL
     info = machine_info()
-    print(f"fastaccum {info['versions']['fastaccum']} ({info['fastaccum_implementation']}), {info['python']}, "
-          f"{info['cpu']} x{info['cpu_count']}, load {info['loadavg_start'][0]:.2f}")
+    print(
+        f"fastaccum {info['versions']['fastaccum']} ({info['fastaccum_implementation']}), {info['python']}, "
+        f"{info['cpu']} x{info['cpu_count']}, load {info['loadavg_start'][0]:.2f}"
+    )
     reports = {}
     for name in args.workloads.split(","):
         reports[name] = run_workload(specs[name], size, args)
         gc.collect()
     rows = summarize(reports)
-    print("\ntargets (compiled twin: the core bounds, and the fast-path bounds; the pure twin's ratios are"
-          f" reported, not targeted{'; reduced sizes, the targets are for full size' if args.small else ''})")
+    print(
+        "\ntargets (compiled twin: the core bounds, and the fast-path bounds; the pure twin's ratios are"
+        f" reported, not targeted{'; reduced sizes, the targets are for full size' if args.small else ''})"
+    )
     verdicts = {True: "met", False: "MISSED", None: ""}
     for r in rows:
         value = "    n/a" if r["value"] is None else f"{r['value']:7.3f}"
-        print(f"    {r['workload']}  {r['ratio']:<42} {value}   target {r['target']:<7} {verdicts[r['met']]:<6}"
-              f"   fast path {r['fast_path_target']:<7} {verdicts[r['fast_path_met']]}")
+        print(
+            f"    {r['workload']}  {r['ratio']:<42} {value}   target {r['target']:<7} {verdicts[r['met']]:<6}"
+            f"   fast path {r['fast_path_target']:<7} {verdicts[r['fast_path_met']]}"
+        )
     info["loadavg_end"] = os.getloadavg()
     if args.json:
-        config = {"size": size, "piece_bytes": PIECE_BYTES, "repeat": args.repeat, "budget_seconds": args.budget,
-                  "gc": "collected before each run, enabled during it"}
+        config = {
+            "size": size,
+            "piece_bytes": PIECE_BYTES,
+            "repeat": args.repeat,
+            "budget_seconds": args.budget,
+            "gc": "collected before each run, enabled during it",
+        }
         with open(args.json, "wb") as f:
-            f.write(orjson.dumps({"machine": info, "config": config, "workloads": reports, "targets": rows},
-                                 option=orjson.OPT_INDENT_2))
+            f.write(
+                orjson.dumps(
+                    {"machine": info, "config": config, "workloads": reports, "targets": rows},
+                    option=orjson.OPT_INDENT_2,
+                )
+            )
         print(f"\nwrote {args.json}")
     return 0
 
@@ -579,7 +643,7 @@ def _baselines(workload: Workload, rounds: int) -> dict[str, float]:
     out: dict[str, float] = {}
     for consumer in ("floor", "naive"):
         fn = consumer_fn(consumer, workload.spec)
-        out[consumer], first = time_runs(lambda: fn(workload.pieces), rounds)
+        out[consumer], first = time_runs(functools.partial(fn, workload.pieces), rounds)
         check_consumer(consumer, first, workload.expected)
     return out
 
@@ -601,10 +665,15 @@ def test_accumulate(benchmark: Any, impl: ModuleType, workload: Workload) -> Non
     check_outputs(impl.__name__, result, workload.expected)
     baselines = _baselines(workload, rounds)  # right after the twin, so both see the same machine
     benchmark.extra_info.update(
-        workload=spec.name, tokens=spec.tokens, events=workload.expected.events,
-        stream_bytes=sum(map(len, workload.pieces)), impl_seconds=impl_s,
-        floor_seconds=baselines["floor"], naive_seconds=baselines["naive"],
-        impl_over_floor=impl_s / baselines["floor"], naive_over_impl=baselines["naive"] / impl_s,
+        workload=spec.name,
+        tokens=spec.tokens,
+        events=workload.expected.events,
+        stream_bytes=sum(map(len, workload.pieces)),
+        impl_seconds=impl_s,
+        floor_seconds=baselines["floor"],
+        naive_seconds=baselines["naive"],
+        impl_over_floor=impl_s / baselines["floor"],
+        naive_over_impl=baselines["naive"] / impl_s,
     )
 
 

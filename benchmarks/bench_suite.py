@@ -54,8 +54,12 @@ CASES = [(m, i, p) for m in MODES for i in INTERVALS for p in PAYLOADS]
 def build_case(mode: str, interval: int, payload: str) -> core.Workload:
     """One case's stream as 64 KiB pieces with its expected outputs (cached across both twins)."""
     spec = core.WorkloadSpec(
-        case_id(mode, interval, payload), mode, TOKENS[mode], prompt_tokens=PROMPT_TOKENS,
-        interval=interval, **PAYLOADS[payload],
+        case_id(mode, interval, payload),
+        mode,
+        TOKENS[mode],
+        prompt_tokens=PROMPT_TOKENS,
+        interval=interval,
+        **PAYLOADS[payload],
     )
     return core.build(spec)
 
@@ -94,8 +98,9 @@ def test_suite(benchmark: Any, impl: ModuleType, case: core.Workload) -> None:
     pieces = case.pieces
     # pytest-benchmark's own stats (histograms, --benchmark-compare) come from a short pedantic run.
     start = time.perf_counter()
-    result = benchmark.pedantic(impl.accumulate, args=(pieces,), kwargs=kwargs,
-                                rounds=1 if benchmark.disabled else TIMED_ROUNDS, iterations=1)
+    result = benchmark.pedantic(
+        impl.accumulate, args=(pieces,), kwargs=kwargs, rounds=1 if benchmark.disabled else TIMED_ROUNDS, iterations=1
+    )
     impl_s = benchmark.stats.stats.min if benchmark.stats else time.perf_counter() - start
     core.check_outputs(impl.__name__, result, case.expected)
     del result
@@ -113,8 +118,15 @@ def test_suite(benchmark: Any, impl: ModuleType, case: core.Workload) -> None:
         core.check_consumer(name, outputs[name], case.expected)
     del outputs
     benchmark.extra_info.update(
-        mode=spec.mode, interval=spec.interval, payload=spec.name.split("-", 2)[2], tokens=spec.tokens,
-        events=case.expected.events, stream_bytes=sum(map(len, pieces)),
-        impl_seconds=impl_s, floor_seconds=times["floor"], naive_seconds=times["naive"],
-        impl_over_floor=impl_s / times["floor"], naive_over_impl=times["naive"] / impl_s,
+        mode=spec.mode,
+        interval=spec.interval,
+        payload=spec.name.split("-", 2)[2],
+        tokens=spec.tokens,
+        events=case.expected.events,
+        stream_bytes=sum(map(len, pieces)),
+        impl_seconds=impl_s,
+        floor_seconds=times["floor"],
+        naive_seconds=times["naive"],
+        impl_over_floor=impl_s / times["floor"],
+        naive_over_impl=times["naive"] / impl_s,
     )

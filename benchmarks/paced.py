@@ -12,7 +12,8 @@ its CPU time from getrusage, user and system apart, and the reads it made. The c
 ``stress.py --only paced`` runs the same. Clients: ``httpx-lines`` (httpx ``aiter_lines`` and
 ``json.loads`` per event, the way slime's streaming example reads), ``generate-stream``
 (``fastaccum.GenerateStream`` on aiohttp), ``client`` (``fastaccum.Client`` defaults),
-``client-<N>ms`` (a window of N ms; ``client-0ms``: no read coalescing), and ``client-uvloop``/``httpx-uvloop`` on uvloop.
+``client-<N>ms`` (a window of N ms; ``client-0ms``: no read coalescing), and ``client-uvloop``/
+``httpx-uvloop`` on uvloop.
 """
 
 from __future__ import annotations
@@ -49,8 +50,10 @@ def serve(tokens: int, interval: int) -> None:
         chunks.append(b"%x\r\n%s\r\n" % (len(event), event))
         prev = end
     chunks.append(b"%x\r\n%s\r\n0\r\n\r\n" % (len(wire.DONE), wire.DONE))
-    head = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
-            b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n")
+    head = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
+        b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
     period = interval / TOKENS_PER_S
     active: dict[Any, int] = {}
 
@@ -107,6 +110,7 @@ async def _httpx(url: str, payloads: list[dict[str, Any]]) -> tuple[list[int], i
 
     limits = httpx.Limits(max_connections=len(payloads), max_keepalive_connections=len(payloads))
     async with httpx.AsyncClient(timeout=None, limits=limits, trust_env=False) as client:
+
         async def one(p: dict[str, Any]) -> int:
             ids: list[int] = []
             async with client.stream("POST", url + "/generate", json={**p, "stream": True}) as response:
@@ -142,8 +146,15 @@ async def _client(url: str, payloads: list[dict[str, Any]], **options: Any) -> t
 
 
 def client_child(kind: str, url: str, streams: int, tokens: int) -> dict[str, Any]:
-    payloads = [{"input_ids": PROMPT, "rid": f"p-{i:05d}", "return_logprob": True,
-                 "sampling_params": {"max_new_tokens": tokens}} for i in range(streams)]
+    payloads = [
+        {
+            "input_ids": PROMPT,
+            "rid": f"p-{i:05d}",
+            "return_logprob": True,
+            "sampling_params": {"max_new_tokens": tokens},
+        }
+        for i in range(streams)
+    ]
     if kind.startswith("httpx"):
         coro = _httpx(url, payloads)
     elif kind == "generate-stream":
@@ -162,9 +173,12 @@ def client_child(kind: str, url: str, streams: int, tokens: int) -> dict[str, An
     if counts != [tokens] * streams:
         raise AssertionError(f"{kind}: token counts differ from {tokens}")
     n = streams * tokens
-    return {"user_us_per_token": (after.ru_utime - before.ru_utime) / n * 1e6,
-            "sys_us_per_token": (after.ru_stime - before.ru_stime) / n * 1e6,
-            "reads_per_token": None if reads is None else reads / n, "wall_s": wall}
+    return {
+        "user_us_per_token": (after.ru_utime - before.ru_utime) / n * 1e6,
+        "sys_us_per_token": (after.ru_stime - before.ru_stime) / n * 1e6,
+        "reads_per_token": None if reads is None else reads / n,
+        "wall_s": wall,
+    }
 
 
 # ---- driver -------------------------------------------------------------------------------------
@@ -172,16 +186,23 @@ def client_child(kind: str, url: str, streams: int, tokens: int) -> dict[str, An
 
 def measure(name: str, repeat: int, clients: tuple[str, ...] = CLIENTS) -> dict[str, Any]:
     streams, tokens, interval = CONFIGS[name]
-    server = subprocess.Popen([sys.executable, __file__, "--serve", str(tokens), str(interval)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, __file__, "--serve", str(tokens), str(interval)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert server.stdout is not None and server.stdin is not None
     url = server.stdout.readline().strip()
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in clients}
     try:
         for _ in range(repeat):
             for c in clients:
-                proc = subprocess.run([sys.executable, __file__, "--client", c, url, str(streams), str(tokens)],
-                                      capture_output=True, text=True)
+                proc = subprocess.run(
+                    [sys.executable, __file__, "--client", c, url, str(streams), str(tokens)],
+                    capture_output=True,
+                    text=True,
+                )
                 if proc.returncode:
                     raise RuntimeError(f"{c}: {proc.stderr.strip()[-2000:]}")
                 runs[c].append(json.loads(proc.stdout.strip().splitlines()[-1]))
@@ -191,11 +212,14 @@ def measure(name: str, repeat: int, clients: tuple[str, ...] = CLIENTS) -> dict[
     out: dict[str, Any] = {"streams": streams, "tokens": tokens, "interval": interval, "clients": {}}
     for c, rs in runs.items():
         best = min(rs, key=lambda r: r["user_us_per_token"] + r["sys_us_per_token"])  # noise only adds
-        out["clients"][c] = {**best, "total_us_per_token": best["user_us_per_token"] + best["sys_us_per_token"],
-                             "runs": rs}
+        out["clients"][c] = {
+            **best,
+            "total_us_per_token": best["user_us_per_token"] + best["sys_us_per_token"],
+            "runs": rs,
+        }
     base = out["clients"].get("httpx-lines")
     if base:
-        for c, m in out["clients"].items():
+        for m in out["clients"].values():
             m["total_over_httpx"] = m["total_us_per_token"] / base["total_us_per_token"]
             m["user_over_httpx"] = m["user_us_per_token"] / base["user_us_per_token"]
     gs = out["clients"].get("generate-stream")
@@ -206,14 +230,19 @@ def measure(name: str, repeat: int, clients: tuple[str, ...] = CLIENTS) -> dict[
 
 
 def table(report: dict[str, Any]) -> str:
-    lines = ["| config | client | user µs/tok | sys µs/tok | total | ×httpx total | ×httpx user | ×GenerateStream | reads/tok |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| config | client | user µs/tok | sys µs/tok | total | ×httpx total | ×httpx user "
+        "| ×GenerateStream | reads/tok |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, entry in report.items():
         for c, m in entry["clients"].items():
             reads = "" if m["reads_per_token"] is None else f"{m['reads_per_token']:.3f}"
-            lines.append(f"| {name} | {c} | {m['user_us_per_token']:.1f} | {m['sys_us_per_token']:.1f} | "
-                         f"{m['total_us_per_token']:.1f} | {m.get('total_over_httpx', 0):.2f} | "
-                         f"{m.get('user_over_httpx', 0):.2f} | {m.get('total_over_generate_stream', 0):.2f} | {reads} |")
+            lines.append(
+                f"| {name} | {c} | {m['user_us_per_token']:.1f} | {m['sys_us_per_token']:.1f} | "
+                f"{m['total_us_per_token']:.1f} | {m.get('total_over_httpx', 0):.2f} | "
+                f"{m.get('user_over_httpx', 0):.2f} | {m.get('total_over_generate_stream', 0):.2f} | {reads} |"
+            )
     return "\n".join(lines)
 
 
@@ -237,8 +266,15 @@ def main(argv: list[str] | None = None) -> int:
     print(table(report))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"machine": {"cpus": os.cpu_count(), "loadavg_end": os.getloadavg(), "python": sys.version},
-                   "tokens_per_s_per_stream": TOKENS_PER_S, "configs": report}, f, indent=1)
+        json.dump(
+            {
+                "machine": {"cpus": os.cpu_count(), "loadavg_end": os.getloadavg(), "python": sys.version},
+                "tokens_per_s_per_stream": TOKENS_PER_S,
+                "configs": report,
+            },
+            f,
+            indent=1,
+        )
     return 0
 
 

@@ -67,8 +67,14 @@ def plot_scaling(report: dict[str, Any], path: str) -> None:
         # guides: a line with slope 1 (linear) and 2 (quadratic) through the compiled twin's first point
         first = data["consumers"]["compiled"]["seconds"][0]
         for slope, style in ((1, ":"), (2, "--")):
-            top.plot([sizes[0], sizes[-1]], [first, first * (sizes[-1] / sizes[0]) ** slope], style,
-                     color="#bbbbbb", linewidth=1, label=f"slope {slope} ({'linear' if slope == 1 else 'quadratic'})")
+            top.plot(
+                [sizes[0], sizes[-1]],
+                [first, first * (sizes[-1] / sizes[0]) ** slope],
+                style,
+                color="#bbbbbb",
+                linewidth=1,
+                label=f"slope {slope} ({'linear' if slope == 1 else 'quadratic'})",
+            )
         shape = "W2 shape: logprobs + text" if mode == "cumulative" else "W1 shape: logprobs, no text"
         top.set_title(f"{mode}, interval {data['interval']} ({shape})")
         top.set_ylabel("time per stream (s)")
@@ -82,9 +88,13 @@ def plot_scaling(report: dict[str, Any], path: str) -> None:
         top.legend(fontsize=8, loc="upper left")
     if "cumulative" in report["scaling"]:
         c = report["scaling"]["cumulative"]
-        axes[1][0].annotate(f"stream bytes grow as N²: {c['stream_bytes'][0] / 1e6:.1f} MB at {c['sizes'][0]:,} "
-                            f"tokens, {c['stream_bytes'][-1] / 1e6:,.0f} MB at {c['sizes'][-1]:,}",
-                            xy=(0.02, 0.02), xycoords="axes fraction", fontsize=8)
+        axes[1][0].annotate(
+            f"stream bytes grow as N²: {c['stream_bytes'][0] / 1e6:.1f} MB at {c['sizes'][0]:,} "
+            f"tokens, {c['stream_bytes'][-1] / 1e6:,.0f} MB at {c['sizes'][-1]:,}",
+            xy=(0.02, 0.02),
+            xycoords="axes fraction",
+            fontsize=8,
+        )
     fig.suptitle(f"Scaling: time against tokens (best of runs)\n{_subtitle(report)}", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -98,23 +108,51 @@ def plot_experts(report: dict[str, Any], path: str) -> None:
     payload = [r["routed_bytes"] / 1e6 for r in rows]
     fig, (mem, tim) = plt.subplots(1, 2, figsize=(12, 7))
     for name, (label, color, marker) in STYLE.items():
-        pts = [(p, r["consumers"][name]) for p, r in zip(payload, rows)
-               if name in r["consumers"] and "error" not in r["consumers"][name]]
+        pts = [
+            (p, r["consumers"][name])
+            for p, r in zip(payload, rows)
+            if name in r["consumers"] and "error" not in r["consumers"][name]
+        ]
         if not pts:
             continue
         xs = [p for p, _ in pts]
-        mem.plot(xs, [m["rss_growth_bytes"] / 1e6 for _, m in pts], marker=marker, color=color,
-                 label=f"{label}: peak RSS growth")
-        mem.plot(xs, [m["tracemalloc_peak_bytes"] / 1e6 for _, m in pts], marker=marker, color=color,
-                 linestyle="--", alpha=0.6, label=f"{label}: tracemalloc peak")
+        mem.plot(
+            xs,
+            [m["rss_growth_bytes"] / 1e6 for _, m in pts],
+            marker=marker,
+            color=color,
+            label=f"{label}: peak RSS growth",
+        )
+        mem.plot(
+            xs,
+            [m["tracemalloc_peak_bytes"] / 1e6 for _, m in pts],
+            marker=marker,
+            color=color,
+            linestyle="--",
+            alpha=0.6,
+            label=f"{label}: tracemalloc peak",
+        )
         tim.plot(xs, [m["seconds"] for _, m in pts], marker=marker, color=color, label=label)
     for factor, style in ((1.0, "-"), (1.2, ":"), (3.0, "--")):
-        mem.plot([payload[0], payload[-1]], [payload[0] * factor, payload[-1] * factor], style, color="#999999",
-                 linewidth=1, label=f"{factor:g}x decoded payload" + (" (target)" if factor == 3.0 else
-                                                                      " (fast-path target)" if factor == 1.2 else ""))
+        mem.plot(
+            [payload[0], payload[-1]],
+            [payload[0] * factor, payload[-1] * factor],
+            style,
+            color="#999999",
+            linewidth=1,
+            label=f"{factor:g}x decoded payload"
+            + (" (target)" if factor == 3.0 else " (fast-path target)" if factor == 1.2 else ""),
+        )
     for r, p in zip(rows, payload):
-        mem.annotate(f"{r['context'] // 1000}k ctx", xy=(p, p), xytext=(0, -14), textcoords="offset points",
-                     fontsize=8, ha="center", color="#555555")
+        mem.annotate(
+            f"{r['context'] // 1000}k ctx",
+            xy=(p, p),
+            xytext=(0, -14),
+            textcoords="offset points",
+            fontsize=8,
+            ha="center",
+            color="#555555",
+        )
     mem.set_title("peak memory beyond the input pieces (fresh process per consumer)")
     mem.set_ylabel("MB")
     tim.set_title("time of the same run (first touch of fresh memory included)")
@@ -127,8 +165,7 @@ def plot_experts(report: dict[str, Any], path: str) -> None:
         _plain_ticks(ax)
     mem.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
     tim.legend(fontsize=8, loc="upper left")
-    fig.suptitle(f"Routed experts 48 x top-8 (incremental, interval 20, text, top-p)\n{_subtitle(report)}",
-                 fontsize=11)
+    fig.suptitle(f"Routed experts 48 x top-8 (incremental, interval 20, text, top-p)\n{_subtitle(report)}", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

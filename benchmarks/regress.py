@@ -15,7 +15,8 @@ lower-is-better ratio, ``fresh < baseline / 1.15`` for a higher-is-better one.
 Noise: the baseline is the median of ``--runs`` (3) full runs; a case that regresses in a fresh run
 is re-measured up to ``--retries`` (4) times and its best ratio kept, so a regression has to show
 up in every attempt. ``--noise-aware`` also tolerates, per ratio, the spread the baseline's own
-runs showed (for noisy shared machines; the default is the plain threshold). See benchmarks/README.md, "Regression tracking".
+runs showed (for noisy shared machines; the default is the plain threshold). See benchmarks/README.md,
+"Regression tracking".
 """
 
 from __future__ import annotations
@@ -45,8 +46,17 @@ def run_pytest(node_ids: Sequence[str], extra: Sequence[str] = ()) -> Ratios:
     """One timed pytest-benchmark run of ``node_ids``; the ratios of every case."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "bench.json")
-        cmd = [sys.executable, "-m", "pytest", *node_ids, f"--benchmark-json={out}", "-q",
-               "-p", "no:cacheprovider", *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            *node_ids,
+            f"--benchmark-json={out}",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            *extra,
+        ]
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         if proc.returncode != 0:
             sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
@@ -70,8 +80,11 @@ def stress_ratios(path: str) -> dict[str, dict[str, Any]]:
     """The targeted ratios of a stress.py report (rows whose target applies to fastaccum)."""
     with open(path, "rb") as f:
         rows = orjson.loads(f.read()).get("targets", [])
-    return {row["ratio"]: {"value": row["value"], "better": "higher" if row["target"].startswith(">=") else "lower"}
-            for row in rows if row["met"] is not None and row["value"] is not None}
+    return {
+        row["ratio"]: {"value": row["value"], "better": "higher" if row["target"].startswith(">=") else "lower"}
+        for row in rows
+        if row["met"] is not None and row["value"] is not None
+    }
 
 
 def slowdown(fresh: float, base: float, better: str) -> float:
@@ -132,17 +145,30 @@ def refresh(args: argparse.Namespace) -> int:
         print(f"updated the stress ratios in {args.baseline}")
         return 0
     cases = sorted(set().union(*runs))
-    median = {case: {name: statistics.median(r[case][name] for r in runs if case in r and name in r[case])
-                     for name in RATIOS if any(case in r and name in r[case] for r in runs)} for case in cases}
+    median = {
+        case: {
+            name: statistics.median(r[case][name] for r in runs if case in r and name in r[case])
+            for name in RATIOS
+            if any(case in r and name in r[case] for r in runs)
+        }
+        for case in cases
+    }
     # max/min of each ratio over the runs: how noisy that case was while the baseline was taken
-    spreads = {c: {n: max(r[c][n] for r in runs) / min(r[c][n] for r in runs) for n in median[c]}
-               for c in cases if all(c in r for r in runs)}
+    spreads = {
+        c: {n: max(r[c][n] for r in runs) / min(r[c][n] for r in runs) for n in median[c]}
+        for c in cases
+        if all(c in r for r in runs)
+    }
     spread = max((v for s in spreads.values() for v in s.values()), default=1.0)
     baseline = {
         "about": "Ratios only (see benchmarks/README.md, Regression tracking). Refresh: "
-                 "python benchmarks/regress.py --refresh [--stress benchmarks/results/stress.json]",
-        "machine": machine(), "runs": args.runs, "threshold": args.threshold,
-        "largest_run_to_run_spread": spread, "ratios": median, "run_to_run_spread": spreads,
+        "python benchmarks/regress.py --refresh [--stress benchmarks/results/stress.json]",
+        "machine": machine(),
+        "runs": args.runs,
+        "threshold": args.threshold,
+        "largest_run_to_run_spread": spread,
+        "ratios": median,
+        "run_to_run_spread": spreads,
         "stress": stress_ratios(args.stress) if args.stress else old.get("stress", {}),
     }
     os.makedirs(os.path.dirname(os.path.abspath(args.baseline)), exist_ok=True)
@@ -169,13 +195,25 @@ def check(args: argparse.Namespace) -> int:
         print(f"retry {attempt + 1}/{args.retries}: re-measuring {len(cases)} case(s) that regressed", flush=True)
         merge_best(fresh, run_pytest(cases))
         bad, missing = compare(base, fresh, args.threshold, spread)
-    worst = sorted(((slowdown(f[n], base[c][n], RATIOS[n]), c, n) for c, f in fresh.items() if c in base
-                    for n in f if n in base[c]), reverse=True)
-    print(f"{len(fresh)} cases compared with {os.path.relpath(args.baseline, REPO)} "
-          f"(baseline from {baseline.get('machine', {}).get('date', '?')}); threshold {args.threshold:.0%}")
+    worst = sorted(
+        (
+            (slowdown(f[n], base[c][n], RATIOS[n]), c, n)
+            for c, f in fresh.items()
+            if c in base
+            for n in f
+            if n in base[c]
+        ),
+        reverse=True,
+    )
+    print(
+        f"{len(fresh)} cases compared with {os.path.relpath(args.baseline, REPO)} "
+        f"(baseline from {baseline.get('machine', {}).get('date', '?')}); threshold {args.threshold:.0%}"
+    )
     if worst:
-        print(f"  median slowdown {statistics.median(w[0] for w in worst):.3f}, worst {worst[0][0]:.3f} "
-              f"({worst[0][1]} {worst[0][2]}), best {worst[-1][0]:.3f}")
+        print(
+            f"  median slowdown {statistics.median(w[0] for w in worst):.3f}, worst {worst[0][0]:.3f} "
+            f"({worst[0][1]} {worst[0][2]}), best {worst[-1][0]:.3f}"
+        )
     failed = bool(bad)
     for case, name, was, now, worse in bad:
         print(f"  REGRESSED {case} {name}: {was:.4g} -> {now:.4g} ({worse - 1:+.0%})")
@@ -205,12 +243,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--from", dest="from_json", metavar="JSON", help="a pytest --benchmark-json file; no run")
     parser.add_argument("--stress", metavar="JSON", help="a stress.py report: compare (or store) its target ratios")
     parser.add_argument("--threshold", type=float, default=0.15)
-    parser.add_argument("--retries", type=int, default=4, help="re-measure regressed cases up to N times, keep the best")
-    parser.add_argument("--noise-aware", action="store_true",
-                        help="tolerate, per ratio, the run-to-run spread recorded in the baseline if above the threshold")
+    parser.add_argument(
+        "--retries", type=int, default=4, help="re-measure regressed cases up to N times, keep the best"
+    )
+    parser.add_argument(
+        "--noise-aware",
+        action="store_true",
+        help="tolerate, per ratio, the run-to-run spread recorded in the baseline if above the threshold",
+    )
     parser.add_argument("--refresh", action="store_true", help="measure and rewrite the baseline")
-    parser.add_argument("--runs", type=int, default=3,
-                        help="--refresh: full runs, the median is stored (0: only store --stress's ratios)")
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=3,
+        help="--refresh: full runs, the median is stored (0: only store --stress's ratios)",
+    )
     args = parser.parse_args(argv)
     return refresh(args) if args.refresh else check(args)
 

@@ -62,12 +62,17 @@ def _cpu() -> tuple[float, float, float]:
     return usage.ru_utime, usage.ru_stime, time.perf_counter()
 
 
-def measure(slime_root: str, incremental: bool, interval: int, streams: int, tokens: int, rounds: int) -> dict[str, Any]:
+def measure(
+    slime_root: str, incremental: bool, interval: int, streams: int, tokens: int, rounds: int
+) -> dict[str, Any]:
     harness = _harness()
     logging.disable(logging.WARNING)  # slime warns once per rollout state that the stub has no processor
     server = subprocess.Popen(
-        [sys.executable, "-P", __file__, "--serve", "--interval", str(interval)] + (["--incremental"] if incremental else []),
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        [sys.executable, "-P", __file__, "--serve", "--interval", str(interval)]
+        + (["--incremental"] if incremental else []),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert server.stdout is not None
@@ -79,8 +84,13 @@ def measure(slime_root: str, incremental: bool, interval: int, streams: int, tok
             for _ in range(rounds):
                 for path in (IN_TREE, FASTACCUM):
                     env.reset()
-                    args = harness.make_args(emu, rollout_max_response_len=tokens, custom_generate_function_path=path,
-                                             sglang_server_concurrency=streams, fastaccum_check_server_mode=False)
+                    args = harness.make_args(
+                        emu,
+                        rollout_max_response_len=tokens,
+                        custom_generate_function_path=path,
+                        sglang_server_concurrency=streams,
+                        fastaccum_check_server_mode=False,
+                    )
                     env.http_utils.init_http_client(args)
                     fn = env.misc.load_function(path)
                     samples = [harness.new_sample(env, i) for i in range(streams)]
@@ -113,8 +123,11 @@ async def _close(env: Any) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--slime", default=os.environ.get("FASTACCUM_SLIME_PATH", "").split(os.pathsep)[0],
-                        help="a slime checkout whose generate_streaming is request-abortable")
+    parser.add_argument(
+        "--slime",
+        default=os.environ.get("FASTACCUM_SLIME_PATH", "").split(os.pathsep)[0],
+        help="a slime checkout whose generate_streaming is request-abortable",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--incremental", action="store_true", help=argparse.SUPPRESS)
@@ -127,15 +140,19 @@ def main() -> int:
         print("slime_streaming.py: needs --slime PATH, a slime checkout with request-level abort", file=sys.stderr)
         return 2
     print(f"client CPU per token, best of {options.rounds}; slime at {options.slime}; python {sys.version.split()[0]}")
-    print(f"{'mode':<12} {'streams x tokens':>17} {'function':<14} {'user us':>8} {'sys us':>7} {'total us':>9} "
-          f"{'vs in-tree':>10}")
+    print(
+        f"{'mode':<12} {'streams x tokens':>17} {'function':<14} {'user us':>8} {'sys us':>7} {'total us':>9} "
+        f"{'vs in-tree':>10}"
+    )
     for incremental, streams, tokens in ((True, 64, 1000), (False, 16, 400)):
         best = measure(options.slime, incremental, 1, streams, tokens, options.rounds)
         base = sum(best[IN_TREE][:2])
         for path, label in ((IN_TREE, "in-tree"), (FASTACCUM, "fastaccum")):
             user, system, _ = best[path]
-            print(f"{'incremental' if incremental else 'cumulative':<12} {f'{streams} x {tokens}':>17} {label:<14} "
-                  f"{user:8.1f} {system:7.1f} {user + system:9.1f} {(user + system) / base:10.2f}")
+            print(
+                f"{'incremental' if incremental else 'cumulative':<12} {f'{streams} x {tokens}':>17} {label:<14} "
+                f"{user:8.1f} {system:7.1f} {user + system:9.1f} {(user + system) / base:10.2f}"
+            )
     return 0
 
 

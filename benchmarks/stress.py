@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import json
 import math
@@ -96,8 +97,9 @@ def rebuild_consume(pieces: Iterable[bytes], *, mode: str, prompt_tokens: int = 
     if mode == "incremental":
         text = "".join(texts)
     has_text = "text" in event
-    return core.NaiveResult(sample_tokens[prompt_tokens:], sample_lps, text if has_text else None,
-                            None, None, None, events)
+    return core.NaiveResult(
+        sample_tokens[prompt_tokens:], sample_lps, text if has_text else None, None, None, None, events
+    )
 
 
 def consumer(name: str, spec: core.WorkloadSpec) -> Any:
@@ -109,19 +111,30 @@ def consumer(name: str, spec: core.WorkloadSpec) -> Any:
 # ---- scaling -------------------------------------------------------------------------------------
 
 
-def scaling(mode: str, sizes: Sequence[int], names: Sequence[str], args: argparse.Namespace, bar: Any) -> dict[str, Any]:
+def scaling(
+    mode: str, sizes: Sequence[int], names: Sequence[str], args: argparse.Namespace, bar: Any
+) -> dict[str, Any]:
     """Best-of times per consumer and size. All sizes are built first; round 0 runs them in
     increasing size and skips a consumer from the size its measured growth predicts to take more
     than ``--run-cap`` s; later rounds go through every size again, so that the small and large
     sizes sample the same noisy stretches of the machine (time(500k)/time(50k) is a ratio of two
     sizes, not of two consumers in one run)."""
-    out: dict[str, Any] = {"sizes": list(sizes), "interval": 20, "stream_bytes": [], "events": [],
-                           "consumers": {n: {"seconds": [], "runs": []} for n in names}, "skipped": {}}
+    out: dict[str, Any] = {
+        "sizes": list(sizes),
+        "interval": 20,
+        "stream_bytes": [],
+        "events": [],
+        "consumers": {n: {"seconds": [], "runs": []} for n in names},
+        "skipped": {},
+    }
     workloads = []
     for n in sizes:
         bar.set_description(f"scaling {mode} {n:,}: build")
-        spec = (core.WorkloadSpec(f"{mode}-{n}", mode, n, text=False) if mode == "incremental"
-                else core.WorkloadSpec(f"{mode}-{n}", mode, n))  # W1 / W2 shapes at n tokens
+        spec = (
+            core.WorkloadSpec(f"{mode}-{n}", mode, n, text=False)
+            if mode == "incremental"
+            else core.WorkloadSpec(f"{mode}-{n}", mode, n)
+        )  # W1 / W2 shapes at n tokens
         workloads.append(core.build(spec))
         out["stream_bytes"].append(sum(map(len, workloads[-1].pieces)))
         out["events"].append(workloads[-1].expected.events)
@@ -131,13 +144,13 @@ def scaling(mode: str, sizes: Sequence[int], names: Sequence[str], args: argpars
     for round_ in range(args.repeat):
         for k, w in enumerate(workloads):
             n = sizes[k]
-            for c in (active if round_ == 0 else names):
+            for c in active if round_ == 0 else names:
                 key = (c, n)
                 if round_ and (key not in runs or sum(runs[key]) > args.budget):
                     continue
                 bar.set_description(f"scaling {mode} round {round_ + 1}: {n:,} {c}")
                 fn = consumer(c, w.spec)
-                seconds, result = core.time_once(lambda: fn(w.pieces))
+                seconds, result = core.time_once(functools.partial(fn, w.pieces))
                 if round_ == 0:  # outputs checked once, outside the timed region
                     core.check_consumer(c, result, w.expected)
                 del result
@@ -166,8 +179,9 @@ def scaling(mode: str, sizes: Sequence[int], names: Sequence[str], args: argpars
 
 
 def experts_spec(prompt: int, tokens: int) -> core.WorkloadSpec:
-    return core.WorkloadSpec(f"R3-{prompt + tokens}", "incremental", tokens, prompt_tokens=prompt,
-                             top_p=True, expert_shape=(48, 8))
+    return core.WorkloadSpec(
+        f"R3-{prompt + tokens}", "incremental", tokens, prompt_tokens=prompt, top_p=True, expert_shape=(48, 8)
+    )
 
 
 def memory_child(name: str, prompt: int, tokens: int, path: str) -> dict[str, Any]:
@@ -188,9 +202,12 @@ def memory_child(name: str, prompt: int, tokens: int, path: str) -> dict[str, An
     fn(pieces)
     traced_peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    return {"seconds": seconds, "hwm_reset": hwm_reset,
-            "rss_growth_bytes": (after["VmHWM"] - before["VmRSS"]) * 1024,
-            "tracemalloc_peak_bytes": traced_peak}
+    return {
+        "seconds": seconds,
+        "hwm_reset": hwm_reset,
+        "rss_growth_bytes": (after["VmHWM"] - before["VmRSS"]) * 1024,
+        "tracemalloc_peak_bytes": traced_peak,
+    }
 
 
 def experts(args: argparse.Namespace, contexts: Sequence[tuple[int, int]], bar: Any) -> dict[str, Any]:
@@ -199,10 +216,18 @@ def experts(args: argparse.Namespace, contexts: Sequence[tuple[int, int]], bar: 
         spec = experts_spec(prompt, tokens)
         bar.set_description(f"experts {prompt + tokens:,}: build")
         body, expected = core.stream_of(spec)
-        row: dict[str, Any] = {"prompt_tokens": prompt, "tokens": tokens, "context": prompt + tokens,
-                               "stream_bytes": len(body), "routed_bytes": spec.routed_bytes(), "consumers": {}}
+        row: dict[str, Any] = {
+            "prompt_tokens": prompt,
+            "tokens": tokens,
+            "context": prompt + tokens,
+            "stream_bytes": len(body),
+            "routed_bytes": spec.routed_bytes(),
+            "consumers": {},
+        }
         # The built stream is checked once in-process by the compiled twin (the children only measure).
-        core.check_outputs("compiled", core.consumer_fn("compiled", spec)(core.wire.split_pieces(body, [core.PIECE_BYTES])), expected)
+        core.check_outputs(
+            "compiled", core.consumer_fn("compiled", spec)(core.wire.split_pieces(body, [core.PIECE_BYTES])), expected
+        )
         del expected
         with tempfile.NamedTemporaryFile(prefix="fastaccum-r3-", suffix=".sse") as f:
             f.write(body)
@@ -219,10 +244,15 @@ def experts(args: argparse.Namespace, contexts: Sequence[tuple[int, int]], bar: 
                         runs = [{"error": (proc.stderr.strip().splitlines() or ["?"])[-1]}]
                         break
                     runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-                best = runs[0] if "error" in runs[0] else {
-                    # best of each: the allocator and the noisy machine only ever add
-                    key: min(r[key] for r in runs) for key in ("seconds", "rss_growth_bytes", "tracemalloc_peak_bytes")
-                }
+                best = (
+                    runs[0]
+                    if "error" in runs[0]
+                    else {
+                        # best of each: the allocator and the noisy machine only ever add
+                        key: min(r[key] for r in runs)
+                        for key in ("seconds", "rss_growth_bytes", "tracemalloc_peak_bytes")
+                    }
+                )
                 if "error" not in best:
                     best["hwm_reset"] = all(r["hwm_reset"] for r in runs)
                     best["rss_over_routed"] = best["rss_growth_bytes"] / spec.routed_bytes()
@@ -252,8 +282,12 @@ def serve(options: dict[str, Any]) -> None:
 
 class EmulatorProcess:
     def __init__(self, **options: Any) -> None:
-        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", json.dumps(options)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve", json.dumps(options)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert self.proc.stdout is not None
         self.url = self.proc.stdout.readline().strip()
         if not self.url:
@@ -280,6 +314,7 @@ async def _fastaccum_client(url: str, payloads: list[dict[str, Any]]) -> Any:
     from fastaccum.client import STREAM_TIMEOUT, GenerateStream
 
     async with aiohttp.ClientSession(timeout=STREAM_TIMEOUT, connector=aiohttp.TCPConnector(limit=len(payloads))) as s:
+
         async def one(p: dict[str, Any]) -> Any:
             return await GenerateStream(s, url + "/generate", p, mode="incremental").run()
 
@@ -296,6 +331,7 @@ async def _raw_client(url: str, payloads: list[dict[str, Any]]) -> Any:
     from fastaccum.client import STREAM_TIMEOUT
 
     async with aiohttp.ClientSession(timeout=STREAM_TIMEOUT, connector=aiohttp.TCPConnector(limit=len(payloads))) as s:
+
         async def one(p: dict[str, Any]) -> int:
             received = 0
             async with s.post(url + "/generate", json={**p, "stream": True}) as response:
@@ -317,6 +353,7 @@ async def _httpx_client(url: str, payloads: list[dict[str, Any]]) -> Any:
 
     limits = httpx.Limits(max_connections=len(payloads), max_keepalive_connections=len(payloads))
     async with httpx.AsyncClient(timeout=None, limits=limits, trust_env=False) as client:
+
         async def one(p: dict[str, Any]) -> tuple[list[int], list[float]]:
             ids: list[int] = []
             lps: list[float] = []
@@ -352,17 +389,20 @@ def client_child(kind: str, url: str, streams: int, tokens: int, tag: str) -> di
     from fastaccum import wire
 
     rids = [f"{tag}-{i:05d}x" for i in range(streams)]  # fixed width: no rid is a prefix of another
-    payloads = [{"input_ids": PROMPT, "rid": rid, "return_logprob": True,
-                 "sampling_params": {"max_new_tokens": tokens}} for rid in rids]
+    payloads = [
+        {"input_ids": PROMPT, "rid": rid, "return_logprob": True, "sampling_params": {"max_new_tokens": tokens}}
+        for rid in rids
+    ]
     run = {"fastaccum": _fastaccum_client, "httpx-lines": _httpx_client, "aiohttp-raw": _raw_client}[kind]
     (cpu0, t0), (cpu1, t1), results = asyncio.run(run(url, payloads))
     if kind == "aiohttp-raw":
-        return {"cpu_seconds": cpu1 - cpu0, "wall_seconds": t1 - t0, "tokens": streams * tokens,
-                "bytes": sum(results)}
+        return {"cpu_seconds": cpu1 - cpu0, "wall_seconds": t1 - t0, "tokens": streams * tokens, "bytes": sum(results)}
     for rid, (ids, lps) in zip(rids, results):  # outside the measured region
         gen = wire.synthetic_generation(rid, tokens, prompt_tokens=len(PROMPT))
         want_lps = np.asarray(gen.logprobs, dtype=float)
-        if not (np.array_equal(np.asarray(ids), gen.token_ids) and np.array_equal(np.asarray(lps, dtype=float), want_lps)):
+        if not (
+            np.array_equal(np.asarray(ids), gen.token_ids) and np.array_equal(np.asarray(lps, dtype=float), want_lps)
+        ):
             raise AssertionError(f"{kind}: stream {rid} differs from the generation")
     return {"cpu_seconds": cpu1 - cpu0, "wall_seconds": t1 - t0, "tokens": streams * tokens}
 
@@ -371,16 +411,33 @@ def network(args: argparse.Namespace, configs: Sequence[tuple[str, int, int, int
     """Each config: one emulator process; the clients alternate, ``--net-repeat`` times each."""
     out: dict[str, Any] = {}
     for name, streams, tokens, interval in configs:
-        server = EmulatorProcess(incremental_streaming_output=True, stream_interval=interval,
-                                 skip_tokenizer_init=True, max_running_requests=max(256, streams))
-        entry: dict[str, Any] = {"streams": streams, "tokens_per_stream": tokens, "interval": interval,
-                                 "clients": {c: {"runs": []} for c in CLIENTS}}
+        server = EmulatorProcess(
+            incremental_streaming_output=True,
+            stream_interval=interval,
+            skip_tokenizer_init=True,
+            max_running_requests=max(256, streams),
+        )
+        entry: dict[str, Any] = {
+            "streams": streams,
+            "tokens_per_stream": tokens,
+            "interval": interval,
+            "clients": {c: {"runs": []} for c in CLIENTS},
+        }
         try:
             for r in range(args.net_repeat):
                 for c in CLIENTS:
                     bar.set_description(f"network {name}: {c} ({r + 1}/{args.net_repeat})")
                     server_cpu = server.cpu_seconds()
-                    cmd = [sys.executable, __file__, "--client-child", c, server.url, str(streams), str(tokens), f"{name}"]
+                    cmd = [
+                        sys.executable,
+                        __file__,
+                        "--client-child",
+                        c,
+                        server.url,
+                        str(streams),
+                        str(tokens),
+                        f"{name}",
+                    ]
                     proc = subprocess.run(cmd, capture_output=True, text=True)
                     if proc.returncode:
                         raise RuntimeError(f"{c} client failed: {proc.stderr.strip()[-2000:]}")
@@ -392,9 +449,11 @@ def network(args: argparse.Namespace, configs: Sequence[tuple[str, int, int, int
         for c in CLIENTS:
             runs = entry["clients"][c]["runs"]
             best = min(runs, key=lambda x: x["cpu_seconds"])
-            entry["clients"][c].update(best_cpu_seconds=best["cpu_seconds"],
-                                       cpu_us_per_token=best["cpu_seconds"] / best["tokens"] * 1e6,
-                                       best_wall_seconds=min(x["wall_seconds"] for x in runs))
+            entry["clients"][c].update(
+                best_cpu_seconds=best["cpu_seconds"],
+                cpu_us_per_token=best["cpu_seconds"] / best["tokens"] * 1e6,
+                best_wall_seconds=min(x["wall_seconds"] for x in runs),
+            )
         httpx_cpu = entry["clients"]["httpx-lines"]["best_cpu_seconds"]
         entry["fastaccum_over_httpx"] = entry["clients"]["fastaccum"]["best_cpu_seconds"] / httpx_cpu
         entry["raw_over_httpx"] = entry["clients"]["aiohttp-raw"]["best_cpu_seconds"] / httpx_cpu
@@ -427,16 +486,23 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     for row in report.get("experts", {}).get("contexts", []):
         for c, m in row["consumers"].items():
             if "rss_over_routed" in m:
-                add(f"R3 {row['context'] // 1000}k {c} peak RSS growth / decoded", m["rss_over_routed"], 3.0,
-                    target=c == "compiled")
+                add(
+                    f"R3 {row['context'] // 1000}k {c} peak RSS growth / decoded",
+                    m["rss_over_routed"],
+                    3.0,
+                    target=c == "compiled",
+                )
     for name, entry in report.get("paced", {}).items():
         clients = entry["clients"]
         limit = 0.4 if entry["interval"] == 1 else 0.15
         add(f"paced {name} Client/httpx total CPU per token", clients["client"]["total_over_httpx"], limit)
         if entry["interval"] == 1:
             add(f"paced {name} Client/httpx user CPU per token", clients["client"]["user_over_httpx"], 0.25)
-            add(f"paced {name} Client/GenerateStream total CPU per token",
-                clients["client"]["total_over_generate_stream"], 0.6)
+            add(
+                f"paced {name} Client/GenerateStream total CPU per token",
+                clients["client"]["total_over_generate_stream"],
+                0.6,
+            )
     for name, entry in report.get("concurrency", {}).items():
         add(f"concurrency {name} fastaccum/httpx CPU per token", entry["fastaccum_over_httpx"], 0.3)
         add(f"concurrency {name} aiohttp-raw/httpx CPU per token", entry["raw_over_httpx"], 0.3, target=False)
@@ -486,23 +552,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     ctx = ((500, 3_500), (500, 7_500)) if args.quick else EXPERT_CONTEXTS
     w1 = [("W1-500k", 1, 20_000 if args.quick else 500_000, 20)]
     conc = [(f"16x500-i{i}", 16, 500, i) for i in (20, 1)] if args.quick else list(CONCURRENCY)
-    steps = (("w1" in sections) + ("scaling" in sections) * 2 * (1 + args.repeat)
-             + ("experts" in sections) * len(ctx) + ("concurrency" in sections) * len(conc)
-             + ("paced" in sections))
-    report: dict[str, Any] = {"machine": {**core.machine_info(), "extension_start": _extension_stamp()},
-                              "config": {k: v for k, v in vars(args).items() if not k.endswith("child") and k != "serve"}}
+    steps = (
+        ("w1" in sections)
+        + ("scaling" in sections) * 2 * (1 + args.repeat)
+        + ("experts" in sections) * len(ctx)
+        + ("concurrency" in sections) * len(conc)
+        + ("paced" in sections)
+    )
+    report: dict[str, Any] = {
+        "machine": {**core.machine_info(), "extension_start": _extension_stamp()},
+        "config": {k: v for k, v in vars(args).items() if not k.endswith("child") and k != "serve"},
+    }
     with tqdm(total=steps, unit="step", dynamic_ncols=True) as bar:
         # Each section records the compiled twin's mtime before and after, so a report says which
         # build each number comes from if the extension is rebuilt in place during the run.
         stamps = report["machine"]["extension_per_section"] = {}
         sections_run = {
             "w1": lambda: {"w1_client": network(args, w1, bar)["W1-500k"]},
-            "scaling": lambda: {"scaling": {"cumulative": scaling("cumulative", cum, SCALING_CONSUMERS, args, bar),
-                                            "incremental": scaling("incremental", inc, SCALING_CONSUMERS, args, bar)}},
+            "scaling": lambda: {
+                "scaling": {
+                    "cumulative": scaling("cumulative", cum, SCALING_CONSUMERS, args, bar),
+                    "incremental": scaling("incremental", inc, SCALING_CONSUMERS, args, bar),
+                }
+            },
             "experts": lambda: {"experts": experts(args, ctx, bar)},
             "concurrency": lambda: {"concurrency": network(args, conc, bar)},
-            "paced": lambda: {"paced": {name: paced.measure(name, 1 if args.quick else args.net_repeat)
-                                        for name in (["256x400-i1"] if args.quick else paced.CONFIGS)}},
+            "paced": lambda: {
+                "paced": {
+                    name: paced.measure(name, 1 if args.quick else args.net_repeat)
+                    for name in (["256x400-i1"] if args.quick else paced.CONFIGS)
+                }
+            },
         }
         for name, run in sections_run.items():
             if name in sections:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastaccum._impl import IMPLEMENTATION, StreamAccumulator, accumulate
+from fastaccum._version import __version__
 from fastaccum.errors import (
     ServerError,
     StreamConnectionError,
@@ -13,7 +14,6 @@ from fastaccum.errors import (
     StreamTimeoutError,
     StreamTruncatedError,
 )
-from fastaccum._version import __version__
 from fastaccum.result import StreamResult
 
 __all__ = (

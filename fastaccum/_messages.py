@@ -127,9 +127,7 @@ def length_decreased(index: int, previous: int, reported: int) -> StreamLengthEr
 
 
 def bad_length(index: int, mode: str, what: str, expected: int, actual: int) -> StreamLengthError:
-    return StreamLengthError(
-        f"event {index}: {what}", event_index=index, mode=mode, expected=expected, actual=actual
-    )
+    return StreamLengthError(f"event {index}: {what}", event_index=index, mode=mode, expected=expected, actual=actual)
 
 
 def truncated(index: int, what: str) -> StreamTruncatedError:
@@ -219,9 +217,11 @@ def logprobs_switched(index: int, has_logprobs: bool) -> StreamFormatError:
 
 def lengths_disagree(index: int, mode: str, lp_length: int, completion: int) -> StreamLengthError:
     return bad_length(
-        index, mode,
+        index,
+        mode,
         f"output_token_logprobs_length {lp_length} differs from completion_tokens {completion}",
-        completion, lp_length,
+        completion,
+        lp_length,
     )
 
 
@@ -236,9 +236,11 @@ def echo_short(index: int, mode: str, completion: int, held: int, carried: bool)
             index, mode, f"abort echo reports {completion} tokens, fewer than the {held} held", held, completion
         )
     return bad_length(
-        index, mode,
+        index,
+        mode,
         f"abort echo reports {completion} tokens, {held} held, and does not carry the missing ones",
-        completion, held,
+        completion,
+        held,
     )
 
 
@@ -265,9 +267,11 @@ def top_p_rows(index: int, mode: str, rows: int | None, added: int, total: int) 
     if rows is None:
         return bad_format(index, f"top-p rows missing for the {added} new tokens")
     return bad_length(
-        index, mode,
+        index,
+        mode,
         f"top-p has {rows} rows; expected {added} (this event's new tokens) or {total} (all tokens)",
-        total, rows,
+        total,
+        rows,
     )
 
 
@@ -275,9 +279,11 @@ def routed_size(index: int, mode: str, size: int, prompt: int, done: int, shape:
     layers, topk = shape
     expected = max(prompt + done - 1, 0) * layers * topk
     return bad_length(
-        index, mode,
+        index,
+        mode,
         f"routed_experts has {size} values; expected ({prompt} + {done} - 1) x {layers} x {topk} = {expected}",
-        expected, size,
+        expected,
+        size,
     )
 
 

@@ -57,8 +57,10 @@ def _bounded_int(low: int, high: int | None = None) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
         if value < low or (high is not None and value > high):
             raise argparse.ArgumentTypeError(
-                f"expected an integer from {low} to {high}, got {value}" if high is not None
-                else f"expected an integer >= {low}, got {value}")
+                f"expected an integer from {low} to {high}, got {value}"
+                if high is not None
+                else f"expected an integer >= {low}, got {value}"
+            )
         return value
 
     return parse
@@ -80,7 +82,7 @@ def _json_object(text: str) -> dict[str, Any]:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"not JSON ({exc}): {text!r}") from None
     if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"kind\":\"stall\"}}', got {text!r}")
+        raise argparse.ArgumentTypeError(f'expected a JSON object such as \'{{"kind":"stall"}}\', got {text!r}')
     return value
 
 
@@ -106,8 +108,9 @@ def _add_server_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-layers", type=_positive, default=4, help="MoE layers behind routed experts")
     p.add_argument("--topk", type=_positive, default=2, help="experts per token")
     p.add_argument("--num-experts", type=_positive, default=16, help="experts per layer")
-    p.add_argument("--token-rate", type=_non_negative_float, default=0.0,
-                   help="tokens/s per request; 0: as fast as read")
+    p.add_argument(
+        "--token-rate", type=_non_negative_float, default=0.0, help="tokens/s per request; 0: as fast as read"
+    )
     p.add_argument("--max-running-requests", type=_positive, default=256, help="others queue")
     p.add_argument("--random-seed", "--seed", dest="seed", type=int, default=0, help="token source seed")
     p.add_argument("--version", choices=("0.5.23", "0.5.15"), default="0.5.23", help="SGLang flavour")
@@ -123,20 +126,40 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--tokens", type=_positive, default=50_000, help="tokens per request")
     demo.add_argument("--requests", type=_positive, default=4)
     demo.add_argument("--concurrency", type=_positive, default=4)
-    demo.add_argument("--mode", choices=("auto", "cumulative", "incremental"), default="auto",
-                      help="accumulator mode")
-    demo.add_argument("--server-mode", choices=("cumulative", "incremental"), default=None,
-                      help="emulator streaming mode (default: cumulative only with --mode cumulative)")
-    demo.add_argument("--stream-interval", type=_positive, default=None,
-                      help="tokens per event (default 4 incremental, 64 cumulative; 1 is the worst case)")
-    demo.add_argument("--routed-experts", type=_shape, default=None, metavar="LxK",
-                      help="request routed experts from a model with L layers, top-K")
-    demo.add_argument("--abort-after", type=_non_negative_float, default=None, metavar="S",
-                      help="abort each request S seconds after it starts (prefix is verified)")
+    demo.add_argument("--mode", choices=("auto", "cumulative", "incremental"), default="auto", help="accumulator mode")
+    demo.add_argument(
+        "--server-mode",
+        choices=("cumulative", "incremental"),
+        default=None,
+        help="emulator streaming mode (default: cumulative only with --mode cumulative)",
+    )
+    demo.add_argument(
+        "--stream-interval",
+        type=_positive,
+        default=None,
+        help="tokens per event (default 4 incremental, 64 cumulative; 1 is the worst case)",
+    )
+    demo.add_argument(
+        "--routed-experts",
+        type=_shape,
+        default=None,
+        metavar="LxK",
+        help="request routed experts from a model with L layers, top-K",
+    )
+    demo.add_argument(
+        "--abort-after",
+        type=_non_negative_float,
+        default=None,
+        metavar="S",
+        help="abort each request S seconds after it starts (prefix is verified)",
+    )
     demo.add_argument("--token-rate", type=_non_negative_float, default=0.0, help="tokens/s per request; 0: unlimited")
     demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--in-process", action="store_true",
-                      help="run the emulator in this process (default: a child, so CPU numbers are the client's)")
+    demo.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the emulator in this process (default: a child, so CPU numbers are the client's)",
+    )
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     demo.set_defaults(handler=_demo)
 
@@ -207,8 +230,9 @@ def _replay(args: argparse.Namespace) -> int:
     from fastaccum import StreamAccumulator, StreamError
 
     try:
-        accumulator = StreamAccumulator(mode=args.mode, expert_shape=args.expert_shape,
-                                        max_event_bytes=args.max_event_bytes)
+        accumulator = StreamAccumulator(
+            mode=args.mode, expert_shape=args.expert_shape, max_event_bytes=args.max_event_bytes
+        )
     except (ValueError, OverflowError) as exc:  # argparse checked each option; their product may not fit
         raise CommandError(str(exc), status=2) from None
     size = 0
@@ -249,8 +273,9 @@ def _describe(result: Any) -> list[str]:
     if result.logprobs is not None:
         lines.append(f"logprobs:      {result.logprobs.shape[0]} ({int(np.isnan(result.logprobs).sum())} null)")
     if result.top_p_token_offsets is not None:
-        lines.append(f"top-p rows:    {result.top_p_token_offsets.shape[0] - 1} "
-                     f"({result.top_p_token_ids.shape[0]} kept ids)")
+        lines.append(
+            f"top-p rows:    {result.top_p_token_offsets.shape[0] - 1} ({result.top_p_token_ids.shape[0]} kept ids)"
+        )
     if result.routed_experts is not None:
         lines.append(f"routed:        {tuple(result.routed_experts.shape)} int32")
     return lines
@@ -279,15 +304,25 @@ async def _demo_async(args: argparse.Namespace) -> int:
     interval = args.stream_interval or (64 if server_mode == "cumulative" else 4)
     layers, topk = args.routed_experts or (4, 2)
     server_args = argparse.Namespace(
-        incremental_streaming_output=server_mode == "incremental", stream_interval=interval,
-        skip_tokenizer_init=False, enable_return_routed_experts=args.routed_experts is not None,
-        num_layers=layers, topk=topk, num_experts=128, token_rate=args.token_rate,
-        max_running_requests=args.concurrency, seed=args.seed, version="0.5.23", fault=None,
+        incremental_streaming_output=server_mode == "incremental",
+        stream_interval=interval,
+        skip_tokenizer_init=False,
+        enable_return_routed_experts=args.routed_experts is not None,
+        num_layers=layers,
+        topk=topk,
+        num_experts=128,
+        token_rate=args.token_rate,
+        max_running_requests=args.concurrency,
+        seed=args.seed,
+        version="0.5.23",
+        fault=None,
     )
     truth = _emulator_from(server_args)  # never started: expected() is a pure function
-    print(f"fastaccum demo: {args.requests} x {args.tokens} tokens, concurrency {args.concurrency}, "
-          f"server {server_mode} (interval {interval}), accumulator {args.mode} [{IMPLEMENTATION}]"
-          + (f", routed experts {layers}x{topk}" if args.routed_experts else ""))
+    print(
+        f"fastaccum demo: {args.requests} x {args.tokens} tokens, concurrency {args.concurrency}, "
+        f"server {server_mode} (interval {interval}), accumulator {args.mode} [{IMPLEMENTATION}]"
+        + (f", routed experts {layers}x{topk}" if args.routed_experts else "")
+    )
     child: subprocess.Popen[str] | None = None
     embedded = None
     if args.in_process:
@@ -306,16 +341,22 @@ async def _demo_async(args: argparse.Namespace) -> int:
         outcome = _Outcome(rid)
         outcomes.append(outcome)
         payload = {
-            "input_ids": prompt, "rid": rid, "return_logprob": True,
+            "input_ids": prompt,
+            "rid": rid,
+            "return_logprob": True,
             "return_routed_experts": args.routed_experts is not None,
             "sampling_params": {"max_new_tokens": args.tokens, "temperature": 1.0},
         }
         async with limit:
-            stream = GenerateStream(session, f"{url}/generate", payload, mode=args.mode,
-                                    expert_shape=args.routed_experts)
+            stream = GenerateStream(
+                session, f"{url}/generate", payload, mode=args.mode, expert_shape=args.routed_experts
+            )
             streams.append(stream)
-            timer = (asyncio.get_running_loop().call_later(args.abort_after, stream.abort)
-                     if args.abort_after is not None else None)
+            timer = (
+                asyncio.get_running_loop().call_later(args.abort_after, stream.abort)
+                if args.abort_after is not None
+                else None
+            )
             try:
                 outcome.result = await stream.run()
             except Exception as exc:  # reported with the others below
@@ -346,13 +387,17 @@ async def _demo_async(args: argparse.Namespace) -> int:
     events = sum(s.events for s in streams)
     wire_mb = sum(s.bytes_received for s in streams) / 1e6
     aborted = sum(1 for o in outcomes if o.result is not None and o.result.aborted)
-    print(f"tokens:        {tokens:,} verified against the emulator's truth"
-          + (f" ({aborted} requests aborted, prefixes checked)" if aborted else ""))
+    print(
+        f"tokens:        {tokens:,} verified against the emulator's truth"
+        + (f" ({aborted} requests aborted, prefixes checked)" if aborted else "")
+    )
     print(f"events:        {events:,}")
     print(f"on the wire:   {wire_mb:,.1f} MB")
     print(f"wall time:     {wall:.2f} s ({tokens / max(wall, 1e-9):,.0f} tokens/s)")
-    print(f"client CPU:    {cpu:.2f} s ({cpu / max(tokens, 1) * 1e6:.2f} us/token"
-          + (", emulator included)" if args.in_process else ")"))
+    print(
+        f"client CPU:    {cpu:.2f} s ({cpu / max(tokens, 1) * 1e6:.2f} us/token"
+        + (", emulator included)" if args.in_process else ")")
+    )
     for line in failures[:20]:
         print(f"MISMATCH {line}")
     if failures:
@@ -365,12 +410,29 @@ async def _demo_async(args: argparse.Namespace) -> int:
 def _spawn_emulator(server_args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
     # -P: run from a source checkout, "-m" would otherwise import the checkout's fastaccum/ (which
     # holds no compiled core) instead of the installed package.
-    command = [sys.executable, "-P", "-m", "fastaccum", "emulator", "--port", "0",
-               "--stream-interval", str(server_args.stream_interval),
-               "--num-layers", str(server_args.num_layers), "--topk", str(server_args.topk),
-               "--num-experts", str(server_args.num_experts), "--seed", str(server_args.seed),
-               "--max-running-requests", str(server_args.max_running_requests),
-               "--token-rate", str(server_args.token_rate or 0)]
+    command = [
+        sys.executable,
+        "-P",
+        "-m",
+        "fastaccum",
+        "emulator",
+        "--port",
+        "0",
+        "--stream-interval",
+        str(server_args.stream_interval),
+        "--num-layers",
+        str(server_args.num_layers),
+        "--topk",
+        str(server_args.topk),
+        "--num-experts",
+        str(server_args.num_experts),
+        "--seed",
+        str(server_args.seed),
+        "--max-running-requests",
+        str(server_args.max_running_requests),
+        "--token-rate",
+        str(server_args.token_rate or 0),
+    ]
     if server_args.incremental_streaming_output:
         command.append("--incremental-streaming-output")
     if server_args.enable_return_routed_experts:
@@ -382,7 +444,7 @@ def _spawn_emulator(server_args: argparse.Namespace) -> tuple[subprocess.Popen[s
         child.kill()
         child.wait()
         raise CommandError(f"the emulator child did not start (it said {line.strip()!r})")
-    return child, line[len(_ANNOUNCE):].strip()
+    return child, line[len(_ANNOUNCE) :].strip()
 
 
 def _verify(truth: Any, outcome: _Outcome, prompt_tokens: int, args: argparse.Namespace) -> list[str]:

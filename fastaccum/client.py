@@ -226,7 +226,7 @@ class GenerateStream(StreamConsumer):
             if isinstance(exc, asyncio.TimeoutError):  # ServerTimeoutError before the headers
                 raise StreamTimeoutError(f"no response from {self._url} within {self._read_timeout} s") from exc
             raise StreamConnectionError(f"POST {self._url} failed: {exc!r}") from exc
-        except asyncio.TimeoutError as exc:  # the session's total/connect timeout
+        except TimeoutError as exc:  # the session's total/connect timeout
             raise StreamTimeoutError(f"POST {self._url} timed out: {exc!r}") from exc
         self._response = response
         self.status = response.status

@@ -51,8 +51,16 @@ __all__ = ("Emulator", "EmulatorStats", "FAULT_KEY", "FAULT_KINDS", "ABORT_REASO
 
 FAULT_KEY = "fastaccum_fault"
 FAULT_KINDS = (
-    "error_event", "malformed_json", "cut", "http_500", "stall", "coalesce", "zero_token_terminal", "split",
-    "retract", "strip_keys",
+    "error_event",
+    "malformed_json",
+    "cut",
+    "http_500",
+    "stall",
+    "coalesce",
+    "zero_token_terminal",
+    "split",
+    "retract",
+    "strip_keys",
 )
 # finish_reason of a running request ended by /abort_request (docs/wire-format.md, "finish_reason").
 ABORT_REASON: dict[str, Any] = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
@@ -168,9 +176,7 @@ class Emulator:
         """Listen and return the base URL (``http://host:port``; port 0 picks a free one)."""
         # handler_cancellation: like Starlette watching http.disconnect, a client leaving cancels
         # the handler at once, even while the request is queued or stalled.
-        self._runner = web.AppRunner(
-            self.make_app(), handler_cancellation=True, access_log=None, shutdown_timeout=0.5
-        )
+        self._runner = web.AppRunner(self.make_app(), handler_cancellation=True, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
         await web.TCPSite(self._runner, self.host, self.port).start()
         self.port = int(self._runner.addresses[0][1])
@@ -250,21 +256,36 @@ class Emulator:
         return web.Response(text="")
 
     async def _server_info(self, request: web.Request) -> web.Response:
-        return _json_ok({
-            "version": self.version, "incremental_streaming_output": self.incremental_streaming_output,
-            "stream_interval": self.stream_interval, "skip_tokenizer_init": self.skip_tokenizer_init,
-            "enable_return_routed_experts": self.enable_return_routed_experts,
-            "num_hidden_layers": self.expert_shape[0], "num_experts_per_tok": self.expert_shape[1],
-            "num_experts": self.num_experts, "max_running_requests": self.max_running_requests,
-            "token_rate": self.token_rate, "random_seed": self.seed, "emulator": "fastaccum",
-        })
+        return _json_ok(
+            {
+                "version": self.version,
+                "incremental_streaming_output": self.incremental_streaming_output,
+                "stream_interval": self.stream_interval,
+                "skip_tokenizer_init": self.skip_tokenizer_init,
+                "enable_return_routed_experts": self.enable_return_routed_experts,
+                "num_hidden_layers": self.expert_shape[0],
+                "num_experts_per_tok": self.expert_shape[1],
+                "num_experts": self.num_experts,
+                "max_running_requests": self.max_running_requests,
+                "token_rate": self.token_rate,
+                "random_seed": self.seed,
+                "emulator": "fastaccum",
+            }
+        )
 
     async def _loads(self, request: web.Request) -> web.Response:
         s = self.stats
-        return _json_ok({
-            "num_running_reqs": self.running, "num_waiting_reqs": self.queued, "requests": s.requests,
-            "completed": s.completed, "aborted": s.aborted, "disconnects": s.disconnects, "tokens": s.tokens,
-        })
+        return _json_ok(
+            {
+                "num_running_reqs": self.running,
+                "num_waiting_reqs": self.queued,
+                "requests": s.requests,
+                "completed": s.completed,
+                "aborted": s.aborted,
+                "disconnects": s.disconnects,
+                "tokens": s.tokens,
+            }
+        )
 
     async def _abort_request(self, request: web.Request) -> web.Response:
         body = orjson.loads(await request.read() or b"{}")
@@ -300,8 +321,13 @@ class Emulator:
         except ValueError as exc:
             return _json_error(400, str(exc))
         if fault.get("kind") == "http_500":
-            body500 = {"object": "error", "message": fault.get("message", "injected HTTP 500"),
-                       "type": "InternalServerError", "param": None, "code": 500}
+            body500 = {
+                "object": "error",
+                "message": fault.get("message", "injected HTTP 500"),
+                "type": "InternalServerError",
+                "param": None,
+                "code": 500,
+            }
             return web.Response(status=500, body=orjson.dumps(body500), content_type="application/json")
         if any(r.rid == req.rid for r in [*self._running, *self._waiting]):
             duplicate = wire.error_event(f"Duplicate request ID: {req.rid}")
@@ -453,8 +479,9 @@ class Emulator:
     def _build(self, req: _Request, outs: list[_Output], *, first: bool) -> dict[str, Any]:
         """One wire event for the queued outputs: newest only (cumulative), coalesced (incremental)."""
         events = [
-            wire.normal_event(req.gen, req.opts, o.start, o.end, terminal=o.terminal, finish_reason=o.reason,
-                              first=first and i == 0)
+            wire.normal_event(
+                req.gen, req.opts, o.start, o.end, terminal=o.terminal, finish_reason=o.reason, first=first and i == 0
+            )
             for i, o in enumerate(outs if req.opts.incremental else outs[-1:])
         ]
         return events[0] if len(events) == 1 else wire.coalesce(events)
@@ -592,8 +619,9 @@ class Emulator:
             except _StreamEnded:
                 return _json_error(503, "emulator stopping")
             assert req.final is not None
-            final = wire.normal_event(req.gen, cumulative, 0, req.final.end, terminal=True,
-                                      finish_reason=req.final.reason, first=True)
+            final = wire.normal_event(
+                req.gen, cumulative, 0, req.final.end, terminal=True, finish_reason=req.final.reason, first=True
+            )
         req.state = "done"
         self.stats.completed += 1
         return web.Response(body=orjson.dumps(final), content_type="application/json")

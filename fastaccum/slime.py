@@ -496,7 +496,7 @@ async def _get_json(session: aiohttp.ClientSession, url: str) -> Any:
             if response.status >= 400:
                 return None
             return await response.json(content_type=None)
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+    except (TimeoutError, aiohttp.ClientError, ValueError):
         return None
 
 
@@ -639,8 +639,10 @@ async def _wait_until_idle(args: Any, settings: _Settings) -> None:
     while busy:
         try:
             loads = await asyncio.gather(
-                *(asyncio.wait_for(sr.http_utils.get(f"{url}/v1/loads?include=core"), _CONTROL_TIMEOUT.total)
-                  for url in busy)
+                *(
+                    asyncio.wait_for(sr.http_utils.get(f"{url}/v1/loads?include=core"), _CONTROL_TIMEOUT.total)
+                    for url in busy
+                )
             )
         except Exception as exc:  # an unreadable load proves nothing: make sure the hard way
             logger.warning("fastaccum: could not read server loads (%r); aborting server-wide", exc)
@@ -651,7 +653,8 @@ async def _wait_until_idle(args: Any, settings: _Settings) -> None:
         if loop.time() >= deadline:
             logger.warning(
                 "fastaccum: %s still busy %.1f s after request-level abort; aborting server-wide",
-                busy, settings.idle_timeout,
+                busy,
+                settings.idle_timeout,
             )
             break
         await asyncio.sleep(settings.idle_poll_interval)

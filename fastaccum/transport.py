@@ -10,8 +10,9 @@ it, so the server sees the disconnect and stops decoding.
 
 Read coalescing (``coalesce_ms``): after a body read the stream stops reading for the window
 (``pause_reading()``, resumed by a timer), so the kernel gathers the events that arrive meanwhile
-into one read; it does so only while windows pay off (events arrive faster than the window). A read costs far more than an event (docs/client.md has the figures); no byte waits
-longer than the window, and ``abort()`` first reads what the kernel holds without blocking, so the
+into one read; it does so only while windows pay off (events arrive faster than the window). A
+read costs far more than an event (docs/client.md has the figures); no byte waits longer than the
+window, and ``abort()`` first reads what the kernel holds without blocking, so the
 aborted prefix holds every event that had arrived.
 """
 
@@ -259,7 +260,9 @@ class ClientStream(StreamConsumer):
                 await self._waiter
             except _Stale:
                 if attempt or not reused:
-                    raise StreamConnectionError(f"POST {self._url} failed: the connection closed before a response")
+                    raise StreamConnectionError(
+                        f"POST {self._url} failed: the connection closed before a response"
+                    ) from None
                 self._release()
                 continue
             break
@@ -322,8 +325,11 @@ class ClientStream(StreamConsumer):
             return True
         encoding = headers.get("content-encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
-            self._fail(StreamFormatError(
-                f"{self._url} sent Content-Encoding: {encoding}; Client asks for identity and does not decompress"))
+            self._fail(
+                StreamFormatError(
+                    f"{self._url} sent Content-Encoding: {encoding}; Client asks for identity and does not decompress"
+                )
+            )
             return False
         transfer = headers.get("transfer-encoding")
         if transfer is not None:
@@ -382,7 +388,7 @@ class ClientStream(StreamConsumer):
                 self._first_token = now
         if extra:
             self._fail(StreamFormatError(f"{self._url} sent {extra} bytes after its Content-Length body"))
-        elif (self._accumulator.chunked_ended if self._chunked else self._length == 0):
+        elif self._accumulator.chunked_ended if self._chunked else self._length == 0:
             self._complete()
         elif self._window and len(data) < _BIG_READ_BYTES and self._worth_pausing(count, now - previous):
             conn = self._conn
@@ -426,8 +432,9 @@ class ClientStream(StreamConsumer):
         if 300 <= status < 400:
             location = head.headers.get("location", "")
             body = body or f"redirect to {location!r} not followed"
-        return ServerError(f"HTTP {status} from {self._url}: {body[:_ERROR_BODY_CHARS]}", status=status,
-                           server_message=body)
+        return ServerError(
+            f"HTTP {status} from {self._url}: {body[:_ERROR_BODY_CHARS]}", status=status, server_message=body
+        )
 
     def _on_lost(self, exc: BaseException | None) -> None:
         waiter = self._waiter
@@ -491,8 +498,11 @@ class ClientStream(StreamConsumer):
         if self.status is None:
             self._fail(StreamTimeoutError(f"no response from {self._url} within {timeout} s"))
         else:
-            self._fail(StreamTimeoutError(
-                f"no bytes from {self._url} for {timeout} s after {self._events} events", event_index=self._events))
+            self._fail(
+                StreamTimeoutError(
+                    f"no bytes from {self._url} for {timeout} s after {self._events} events", event_index=self._events
+                )
+            )
 
     def _stop_timers(self) -> None:
         for handle in (self._resume, self._timer):
@@ -614,8 +624,14 @@ class Client:
         """One streaming POST of ``payload`` (sent as JSON with ``"stream": true``); nothing is sent
         before ``run()``. ``coalesce_ms`` None takes the client's window."""
         return ClientStream(
-            self, payload, path=path, mode=mode, expert_shape=expert_shape, max_event_bytes=max_event_bytes,
-            headers=headers, read_timeout=read_timeout,
+            self,
+            payload,
+            path=path,
+            mode=mode,
+            expert_shape=expert_shape,
+            max_event_bytes=max_event_bytes,
+            headers=headers,
+            read_timeout=read_timeout,
             coalesce_ms=self._coalesce_ms if coalesce_ms is None else coalesce_ms,
         )
 

@@ -44,8 +44,30 @@ DONE = b"data: [DONE]\n\n"
 # Pieces a synthetic token decodes to: multi-byte UTF-8, emoji, U+2028/U+2029/U+0085 (which
 # orjson writes raw), JSON escapes, special-token text and empty strings all occur.
 TEXT_PIECES: tuple[str, ...] = (
-    "The", " answer", " is", " 4", ".", " 日本", "語", " 🙂", "\u2028", " é", "\n", '"q"',
-    "\\", "\t", "", " ok", "<|im_end|>", "\u2029", "\x85", "\r\n", " 中文", "\x0b\x0c", " Ω", "/",
+    "The",
+    " answer",
+    " is",
+    " 4",
+    ".",
+    " 日本",
+    "語",
+    " 🙂",
+    "\u2028",
+    " é",
+    "\n",
+    '"q"',
+    "\\",
+    "\t",
+    "",
+    " ok",
+    "<|im_end|>",
+    "\u2029",
+    "\x85",
+    "\r\n",
+    " 中文",
+    "\x0b\x0c",
+    " Ω",
+    "/",
 )
 # The same without the characters str.splitlines() also breaks lines at (U+2028, U+2029, U+0085;
 # orjson escapes the others): streams that line readers such as httpx aiter_lines() survive.
@@ -114,7 +136,7 @@ def synthetic_generation(
     # float32 logprobs widened to double, as SGLang's .tolist() does: 17-digit reprs, e-notation.
     scale = ((h >> np.uint64(20)) % np.uint64(1_000_000)).astype(np.float64) / 1e6
     exponent = ((h >> np.uint64(40)) % np.uint64(9)).astype(np.float64)
-    lp32 = (-(scale * 10.0 ** -exponent)).astype(np.float32)
+    lp32 = (-(scale * 10.0**-exponent)).astype(np.float32)
     logprobs: list[float | None] = [float(x) for x in lp32.astype(np.float64)]
     if null_logprob_every:
         for i in range(0, n, null_logprob_every):
@@ -179,10 +201,7 @@ def _top_p_fields(rows: Sequence[Sequence[int]]) -> dict[str, str]:
 
 def _logprob_triples(gen: Generation, opts: WireOptions, start: int, end: int) -> list[list[Any]]:
     texts = gen.token_texts if opts.logprob_text and not opts.skip_tokenizer_init else None
-    return [
-        [gen.logprobs[i], gen.token_ids[i], texts[i] if texts is not None else None]
-        for i in range(start, end)
-    ]
+    return [[gen.logprobs[i], gen.token_ids[i], texts[i] if texts is not None else None] for i in range(start, end)]
 
 
 def normal_event(
@@ -356,4 +375,3 @@ def chunk_encode(data: bytes, sizes: Iterable[int] = (), *, extension: bytes = b
         if pos >= len(data):
             break
     return bytes(out) + b"0%s\r\n%s\r\n" % (extension, trailers)
-

@@ -41,8 +41,8 @@ from fastaccum._policy import (
     refused_feed,
 )
 from fastaccum._py.buffers import Float64Buffer, Int32Buffer
-from fastaccum._py.fields import cut_b64_spans, read_id_list, read_logprob_list, read_uint_at
 from fastaccum._py.chunked import ChunkedDecoder
+from fastaccum._py.fields import cut_b64_spans, read_id_list, read_logprob_list, read_uint_at
 from fastaccum._py.framing import SseFramer
 from fastaccum.errors import StreamError
 from fastaccum.result import StreamResult, snapshot_of
@@ -242,8 +242,20 @@ class StreamAccumulator:
             raise logprobs_switched(index, has_logprobs)
         completion, lp_length, prompt, text = event_counts(index, obj, meta)
         self._commit(
-            index, counted, data, spans, meta, finish, echo, ids_field, lp_ids, lp_values,
-            completion, lp_length, prompt, text,
+            index,
+            counted,
+            data,
+            spans,
+            meta,
+            finish,
+            echo,
+            ids_field,
+            lp_ids,
+            lp_values,
+            completion,
+            lp_length,
+            prompt,
+            text,
         )
 
     def _commit(
@@ -272,8 +284,12 @@ class StreamAccumulator:
         if echo:
             listed = lp_ids if lp_ids is not None else ids_field
             start = echo_start(
-                index, mode, held, completion,
-                len(lp_ids) if lp_ids is not None else None, len(ids_field) if ids_field is not None else None,
+                index,
+                mode,
+                held,
+                completion,
+                len(lp_ids) if lp_ids is not None else None,
+                len(ids_field) if ids_field is not None else None,
             )
             if start < 0:
                 new_ids, new_logprobs = [], ([] if lp_values is not None else None)
@@ -336,8 +352,13 @@ class StreamAccumulator:
         routed = self._routed
         if "routed_experts" in meta:
             routed = read_routed(
-                index, decode_int32(index, "routed_experts", meta["routed_experts"], data, spans.get("routed_experts")),
-                self._expert_shape, new_mode, prompt, completion, total,
+                index,
+                decode_int32(index, "routed_experts", meta["routed_experts"], data, spans.get("routed_experts")),
+                self._expert_shape,
+                new_mode,
+                prompt,
+                completion,
+                total,
             )
 
         # ---- commit: nothing below can fail on valid input ----
@@ -381,8 +402,17 @@ class StreamAccumulator:
     def _build(self, final: bool = False) -> StreamResult:
         """The result so far; ``final``: the buffers' storage goes to it (finish(), no copies)."""
         result = build_result(
-            final, self._mode, self._ids, self._logprobs if self._has_logprobs else None, self._text_parts,
-            self._finish_reason, self._meta, self._top_p_ids, self._top_p_offsets, self._routed, self._events,
+            final,
+            self._mode,
+            self._ids,
+            self._logprobs if self._has_logprobs else None,
+            self._text_parts,
+            self._finish_reason,
+            self._meta,
+            self._top_p_ids,
+            self._top_p_offsets,
+            self._routed,
+            self._events,
         )
         if result.text is not None:
             self._text_parts = [result.text]  # join once; later deltas append to the joined text

@@ -51,9 +51,19 @@ def test_twin_exports(impl: ModuleType) -> None:
 
 def test_package_exports() -> None:
     assert isinstance(fastaccum.__all__, tuple)
-    for name in ("StreamAccumulator", "StreamResult", "accumulate", "StreamError", "StreamFormatError",
-                 "StreamLengthError", "StreamTruncatedError", "StreamLimitError", "ServerError",
-                 "IMPLEMENTATION", "__version__"):
+    for name in (
+        "StreamAccumulator",
+        "StreamResult",
+        "accumulate",
+        "StreamError",
+        "StreamFormatError",
+        "StreamLengthError",
+        "StreamTruncatedError",
+        "StreamLimitError",
+        "ServerError",
+        "IMPLEMENTATION",
+        "__version__",
+    ):
         assert name in fastaccum.__all__
     assert fastaccum.IMPLEMENTATION in ("cython", "python")
 
@@ -67,8 +77,19 @@ def test_error_hierarchy() -> None:
 def test_stream_result_fields() -> None:
     names = [f.name for f in dataclasses.fields(StreamResult)]
     assert names == [
-        "mode", "token_ids", "logprobs", "text", "finish_reason", "meta_info", "completion_tokens",
-        "top_p_token_ids", "top_p_token_offsets", "routed_experts", "events", "aborted", "timing",
+        "mode",
+        "token_ids",
+        "logprobs",
+        "text",
+        "finish_reason",
+        "meta_info",
+        "completion_tokens",
+        "top_p_token_ids",
+        "top_p_token_offsets",
+        "routed_experts",
+        "events",
+        "aborted",
+        "timing",
     ]
 
 
@@ -92,8 +113,17 @@ def test_meta_info_without_token_lists_and_arrays(impl: ModuleType) -> None:
     for key in ("output_token_logprobs", "top_p_token_ids", "top_p_token_offsets", "routed_experts"):
         assert key not in result.meta_info
     last = list(stream_events(GEN, INC, interval=3))[-1]["meta_info"]
-    for key in ("id", "prompt_tokens", "weight_version", "completion_tokens", "weight_versions", "e2e_latency",
-                "finish_reason", "cached_tokens_details", "dp_rank"):
+    for key in (
+        "id",
+        "prompt_tokens",
+        "weight_version",
+        "completion_tokens",
+        "weight_versions",
+        "e2e_latency",
+        "finish_reason",
+        "cached_tokens_details",
+        "dp_rank",
+    ):
         assert result.meta_info[key] == last[key]
 
 
@@ -182,7 +212,11 @@ def test_finish_is_idempotent(impl: ModuleType) -> None:
     for name in ("token_ids", "logprobs", "top_p_token_ids", "top_p_token_offsets", "routed_experts"):
         assert getattr(first, name).tobytes() == getattr(second, name).tobytes()
     assert (first.text, first.finish_reason, first.meta_info, first.events, first.mode) == (
-        second.text, second.finish_reason, second.meta_info, second.events, second.mode
+        second.text,
+        second.finish_reason,
+        second.meta_info,
+        second.events,
+        second.mode,
     )
 
 
@@ -217,7 +251,12 @@ def test_the_final_result_owns_its_arrays(impl: ModuleType) -> None:
         assert final.flags.writeable and final.flags.c_contiguous
         assert final.tobytes() == later.tobytes() and not np.shares_memory(final, later)
     assert (snap.text, snap.finish_reason, snap.meta_info, snap.events, snap.mode, snap.completion_tokens) == (
-        result.text, result.finish_reason, result.meta_info, result.events, result.mode, result.completion_tokens
+        result.text,
+        result.finish_reason,
+        result.meta_info,
+        result.events,
+        result.mode,
+        result.completion_tokens,
     )
     result.token_ids[:] = -1
     result.meta_info["id"] = "changed"
@@ -238,8 +277,9 @@ def test_accumulate_equals_feed_and_finish(impl: ModuleType) -> None:
     for piece in split_pieces(BODY, [33]):
         acc.feed(piece)
     expected = acc.finish()
-    result = impl.accumulate(iter(split_pieces(BODY, [33])), mode="incremental", expert_shape=(2, 2),
-                             max_event_bytes=1 << 20)
+    result = impl.accumulate(
+        iter(split_pieces(BODY, [33])), mode="incremental", expert_shape=(2, 2), max_event_bytes=1 << 20
+    )
     assert result.token_ids.tobytes() == expected.token_ids.tobytes()
     assert result.routed_experts.shape == expected.routed_experts.shape == (16 + 8 - 1, 2, 2)
     assert result.mode == expected.mode == "incremental"
@@ -280,5 +320,8 @@ def test_length_error_attributes_survive_pickling(impl: ModuleType) -> None:
     copy = pickle.loads(pickle.dumps(info.value))
     assert type(copy) is StreamLengthError and str(copy) == str(info.value)
     assert (copy.mode, copy.expected, copy.actual, copy.event_index) == (
-        info.value.mode, info.value.expected, info.value.actual, info.value.event_index
+        info.value.mode,
+        info.value.expected,
+        info.value.actual,
+        info.value.event_index,
     )

@@ -22,11 +22,12 @@ def feed_all(impl: ModuleType, data: bytes, sizes: list[int]) -> tuple[object, i
 @pytest.mark.parametrize("sizes", [[1], [2], [3], [7], [64], [1 << 20]], ids=repr)
 @pytest.mark.parametrize(
     ("chunks", "extension", "trailers"),
-    [([], b"", b""), ([1, 5, 9], b";a=b", b"X-A: 1\r\nX-B: 2\r\n"), ([300] * 40, b" ;q=\"x y\"", b"")],
+    [([], b"", b""), ([1, 5, 9], b";a=b", b"X-A: 1\r\nX-B: 2\r\n"), ([300] * 40, b' ;q="x y"', b"")],
     ids=["one-chunk", "small-chunks-ext-trailers", "many-chunks"],
 )
-def test_any_cut_of_a_chunked_body_gives_the_stream(impl: ModuleType, sizes: list[int], chunks: list[int],
-                                                    extension: bytes, trailers: bytes) -> None:
+def test_any_cut_of_a_chunked_body_gives_the_stream(
+    impl: ModuleType, sizes: list[int], chunks: list[int], extension: bytes, trailers: bytes
+) -> None:
     data = chunk_encode(BODY, chunks, extension=extension, trailers=trailers)
     acc, events = feed_all(impl, data, sizes)
     assert acc.chunked_ended
@@ -74,8 +75,7 @@ def test_the_body_is_not_complete_before_the_last_crlf(impl: ModuleType) -> None
     ],
     ids=lambda v: v[:12].decode("latin-1") if isinstance(v, bytes) else None,
 )
-def test_malformed_framing_is_a_format_error_that_keeps_the_prefix(impl: ModuleType, data: bytes,
-                                                                   message: str) -> None:
+def test_malformed_framing_is_a_format_error_that_keeps_the_prefix(impl: ModuleType, data: bytes, message: str) -> None:
     head = chunk_encode(BODY[: BODY.index(b"\n\n") + 2])[: -len(b"0\r\n\r\n")]  # event 0 in one chunk
     for sizes in ([1 << 20], [1], [3]):
         acc = impl.StreamAccumulator()

@@ -33,17 +33,28 @@ def test_demo_verifies_every_token() -> None:
 
 
 def test_demo_cumulative_with_routed_experts_in_process() -> None:
-    done = fastaccum("demo", "--tokens", "600", "--requests", "2", "--mode", "cumulative",
-                     "--routed-experts", "8x2", "--in-process")
+    done = fastaccum(
+        "demo", "--tokens", "600", "--requests", "2", "--mode", "cumulative", "--routed-experts", "8x2", "--in-process"
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "routed experts 8x2" in done.stdout and "OK" in done.stdout
     assert "tok" in done.stderr  # the tqdm bar
 
 
 def test_demo_abort_after_keeps_verified_prefixes_without_tqdm() -> None:
-    done = fastaccum("demo", "--tokens", "100000", "--requests", "2", "--token-rate", "5000",
-                     "--abort-after", "0.3", "--in-process",
-                     prelude="import sys; sys.modules['tqdm'] = None  # ImportError on import")
+    done = fastaccum(
+        "demo",
+        "--tokens",
+        "100000",
+        "--requests",
+        "2",
+        "--token-rate",
+        "5000",
+        "--abort-after",
+        "0.3",
+        "--in-process",
+        prelude="import sys; sys.modules['tqdm'] = None  # ImportError on import",
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 requests aborted" in done.stdout and "OK" in done.stdout
 
@@ -72,9 +83,20 @@ def test_replay_reports_the_typed_error_and_event_index(tmp_path: Path) -> None:
 
 def test_emulator_command_serves_until_terminated() -> None:
     child = subprocess.Popen(
-        [sys.executable, "-P", "-m", "fastaccum", "emulator", "--port", "0", "--incremental-streaming-output",
-         "--stream-interval", "4"],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-P",
+            "-m",
+            "fastaccum",
+            "emulator",
+            "--port",
+            "0",
+            "--incremental-streaming-output",
+            "--stream-interval",
+            "4",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert child.stdout is not None

@@ -53,8 +53,9 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> Non
         await asyncio.sleep(0.005)
 
 
-def assert_matches(emulator: Emulator, rid: str, result: StreamResult, *, routed: bool = False,
-                   top_p: bool = False) -> None:
+def assert_matches(
+    emulator: Emulator, rid: str, result: StreamResult, *, routed: bool = False, top_p: bool = False
+) -> None:
     """Every token, logprob and text byte equals the emulator's truth for this prefix."""
     n = len(result)
     gen = emulator.expected(rid, n, prompt_tokens=len(PROMPT), top_p=top_p, routed_experts=routed)
@@ -70,8 +71,10 @@ def assert_matches(emulator: Emulator, rid: str, result: StreamResult, *, routed
         assert np.array_equal(result.routed_experts, gen.routed_experts)
     if top_p and result.finished:
         assert result.top_p_token_offsets is not None and result.top_p_token_ids is not None
-        rows = [list(result.top_p_token_ids[a:b]) for a, b in zip(result.top_p_token_offsets[:-1],
-                                                                   result.top_p_token_offsets[1:])]
+        rows = [
+            list(result.top_p_token_ids[a:b])
+            for a, b in zip(result.top_p_token_offsets[:-1], result.top_p_token_offsets[1:])
+        ]
         assert rows == [list(r) for r in gen.top_p_rows or ()]
 
 
@@ -99,13 +102,23 @@ def test_every_token_arrives(twin: ModuleType, incremental: bool, interval: int)
 
 @pytest.mark.parametrize("incremental", [False, True], ids=["cumulative", "incremental"])
 def test_routed_experts_and_top_p(twin: ModuleType, incremental: bool) -> None:
-    emulator = Emulator(incremental_streaming_output=incremental, enable_return_routed_experts=True,
-                        num_layers=6, topk=4, num_experts=64, stream_interval=7)
+    emulator = Emulator(
+        incremental_streaming_output=incremental,
+        enable_return_routed_experts=True,
+        num_layers=6,
+        topk=4,
+        num_experts=64,
+        stream_interval=7,
+    )
 
     async def main() -> StreamResult:
         async with emulator as url:
-            body = payload("x-1", 250, return_routed_experts=True,
-                           sampling_params={"custom_params": {"return_top_p_token_ids": True}})
+            body = payload(
+                "x-1",
+                250,
+                return_routed_experts=True,
+                sampling_params={"custom_params": {"return_top_p_token_ids": True}},
+            )
             return await stream_once(url, body, expert_shape=(6, 4))
 
     result = run(main())
@@ -115,8 +128,9 @@ def test_routed_experts_and_top_p(twin: ModuleType, incremental: bool) -> None:
 
 @pytest.mark.parametrize("incremental", [False, True], ids=["cumulative", "incremental"])
 def test_version_0_5_15_and_skip_tokenizer_init(twin: ModuleType, incremental: bool) -> None:
-    emulator = Emulator(incremental_streaming_output=incremental, version="0.5.15", stream_interval=5,
-                        skip_tokenizer_init=True)
+    emulator = Emulator(
+        incremental_streaming_output=incremental, version="0.5.15", stream_interval=5, skip_tokenizer_init=True
+    )
 
     async def main() -> StreamResult:
         async with emulator as url:
@@ -149,8 +163,7 @@ def test_rate_limited_stream_drops_or_coalesces_frames(twin: ModuleType) -> None
     ],
     ids=["error_event", "malformed_json", "cut", "http_500"],
 )
-def test_faults_raise_typed_errors(twin: ModuleType, fault: dict[str, Any], error: type[Exception],
-                                   match: str) -> None:
+def test_faults_raise_typed_errors(twin: ModuleType, fault: dict[str, Any], error: type[Exception], match: str) -> None:
     emulator = Emulator()
 
     async def main() -> tuple[GenerateStream, pytest.ExceptionInfo[Exception]]:
@@ -375,8 +388,12 @@ def test_server_side_abort_is_a_finished_result(twin: ModuleType) -> None:
 
     async def main() -> StreamResult:
         async with emulator as url, aiohttp.ClientSession(timeout=STREAM_TIMEOUT) as session:
-            body = payload("sa-1", 100_000, return_routed_experts=True,
-                           sampling_params={"custom_params": {"return_top_p_token_ids": True}})
+            body = payload(
+                "sa-1",
+                100_000,
+                return_routed_experts=True,
+                sampling_params={"custom_params": {"return_top_p_token_ids": True}},
+            )
             stream = GenerateStream(session, f"{url}/generate", body, expert_shape=emulator.expert_shape)
             task = asyncio.create_task(stream.run())
             await wait_until(lambda: stream.tokens >= 30)
@@ -445,10 +462,10 @@ def test_200_concurrent_streams_with_random_aborts(twin: ModuleType) -> None:
 
 @pytest.mark.parametrize("incremental", [False, True], ids=["cumulative", "incremental"])
 def test_httpx_consume_matches_generate_stream(twin: ModuleType, incremental: bool) -> None:
-    emulator = Emulator(incremental_streaming_output=incremental, enable_return_routed_experts=True,
-                        stream_interval=3)
-    body = payload("h-1", 120, return_routed_experts=True,
-                   sampling_params={"custom_params": {"return_top_p_token_ids": True}})
+    emulator = Emulator(incremental_streaming_output=incremental, enable_return_routed_experts=True, stream_interval=3)
+    body = payload(
+        "h-1", 120, return_routed_experts=True, sampling_params={"custom_params": {"return_top_p_token_ids": True}}
+    )
 
     async def main() -> tuple[StreamResult, StreamResult]:
         async with emulator as url:
@@ -461,8 +478,13 @@ def test_httpx_consume_matches_generate_stream(twin: ModuleType, incremental: bo
     a, b = run(main())
     for field in ("token_ids", "logprobs", "routed_experts", "top_p_token_ids", "top_p_token_offsets"):
         assert np.array_equal(getattr(a, field), getattr(b, field)), field
-    assert (a.mode, a.text, a.finish_reason, a.meta_info, a.events) == (b.mode, b.text, b.finish_reason,
-                                                                        b.meta_info, b.events)
+    assert (a.mode, a.text, a.finish_reason, a.meta_info, a.events) == (
+        b.mode,
+        b.text,
+        b.finish_reason,
+        b.meta_info,
+        b.events,
+    )
 
 
 def test_stream_consumer_abort_and_cancel(twin: ModuleType) -> None:

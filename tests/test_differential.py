@@ -52,10 +52,20 @@ def _array(a: np.ndarray | None) -> Any:
 
 def _result(r) -> tuple[Any, ...]:
     return (
-        type(r).__name__, r.mode, _array(r.token_ids), _array(r.logprobs), r.text,
-        orjson.dumps(r.finish_reason), orjson.dumps(r.meta_info), r.completion_tokens,
-        _array(r.top_p_token_ids), _array(r.top_p_token_offsets), _array(r.routed_experts),
-        r.events, r.aborted, r.finished,
+        type(r).__name__,
+        r.mode,
+        _array(r.token_ids),
+        _array(r.logprobs),
+        r.text,
+        orjson.dumps(r.finish_reason),
+        orjson.dumps(r.meta_info),
+        r.completion_tokens,
+        _array(r.top_p_token_ids),
+        _array(r.top_p_token_offsets),
+        _array(r.routed_experts),
+        r.events,
+        r.aborted,
+        r.finished,
     )
 
 
@@ -72,8 +82,9 @@ def _call(fn, *args) -> tuple[str, Any]:
     return ("ok", _result(value) if hasattr(value, "token_ids") else value)
 
 
-def _run(impl: ModuleType, pieces: list[bytes], kwargs: dict[str, Any], snap_at: set[int],
-         feed: str = "feed") -> list[Any]:
+def _run(
+    impl: ModuleType, pieces: list[bytes], kwargs: dict[str, Any], snap_at: set[int], feed: str = "feed"
+) -> list[Any]:
     try:
         acc = impl.StreamAccumulator(**kwargs)
     except Exception as exc:
@@ -113,8 +124,13 @@ def valid_events(draw: st.DrawFn) -> tuple[list[bytes], dict[str, Any]]:
     n = draw(st.integers(0, 30))
     shape = draw(st.sampled_from([None, (2, 3)]))
     gen = synthetic_generation(
-        "diff", n, seed=draw(st.integers(0, 1000)), prompt_tokens=draw(st.integers(1, 5)),
-        top_p=draw(st.booleans()), expert_shape=shape, null_logprob_every=draw(st.sampled_from([0, 2, 5])),
+        "diff",
+        n,
+        seed=draw(st.integers(0, 1000)),
+        prompt_tokens=draw(st.integers(1, 5)),
+        top_p=draw(st.booleans()),
+        expert_shape=shape,
+        null_logprob_every=draw(st.sampled_from([0, 2, 5])),
     )
     points = emission_points(n, draw(st.sampled_from([1, 2, 5, 20])), opts.version)
     ending = draw(st.sampled_from(["normal", "normal", "echo", "coalesced", "zero-terminal", "error", "abort"]))
@@ -123,8 +139,17 @@ def valid_events(draw: st.DrawFn) -> tuple[list[bytes], dict[str, Any]]:
     for k, end in enumerate(points):
         terminal = k == len(points) - 1 and ending in ("normal", "abort")
         reason = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
-        events.append(normal_event(gen, opts, prev, end, terminal=terminal, first=k == 0,
-                                   finish_reason=reason if ending == "abort" else None))
+        events.append(
+            normal_event(
+                gen,
+                opts,
+                prev,
+                end,
+                terminal=terminal,
+                first=k == 0,
+                finish_reason=reason if ending == "abort" else None,
+            )
+        )
         prev = end
     blobs = [orjson.dumps(e) for e in events]
     if ending == "echo":
@@ -195,8 +220,22 @@ def test_twins_agree_on_generated_streams(case: tuple[list[bytes], dict[str, Any
 
 SMALL = synthetic_generation("soup", 3)
 FRAGMENTS = [
-    b"data: ", b"data:", b"data", b"dat", b": c", b"event: x", b"id: 1", b"\n", b"\r", b"\r\n", b"\n\n",
-    b"[DONE]", b" ", b"\xef\xbb\xbf", b"\xe2\x80\xa8", b"\x0b",
+    b"data: ",
+    b"data:",
+    b"data",
+    b"dat",
+    b": c",
+    b"event: x",
+    b"id: 1",
+    b"\n",
+    b"\r",
+    b"\r\n",
+    b"\n\n",
+    b"[DONE]",
+    b" ",
+    b"\xef\xbb\xbf",
+    b"\xe2\x80\xa8",
+    b"\x0b",
 ]
 SOUP = [  # JSON values, sent as whole events or mixed into the fragments
     b"[DONE]",
@@ -207,7 +246,10 @@ SOUP = [  # JSON values, sent as whole events or mixed into the fragments
     orjson.dumps(echo_event(SMALL, WireOptions(incremental=True), 3)),
     orjson.dumps(error_event("soup")),
     b'{"text":"a","output_ids":[1],"meta_info":{"finish_reason":null,"completion_tokens":9}}',
-    b'{"index":0}', b"{}", b"[]", b"null",
+    b'{"index":0}',
+    b"{}",
+    b"[]",
+    b"null",
 ]
 # Numbers beyond every C integer type, in each place a number is read.
 for huge in (2**31, 2**63, 2**64 - 1, 2**64, -(2**63) - 1, 10**30):
@@ -242,7 +284,21 @@ def test_twins_agree_on_sse_soup(tokens: list[bytes], sizes: list[int], mode: st
 
 # ---- chunked transfer encoding (feed_chunked) ------------------------------------------------
 
-CHUNK_CORRUPTIONS = [b"\r", b"\n", b"\r\n", b";", b" ", b"\t", b"0", b"f", b"g", b"x", b"\x00", b"ffffffffffffffff", b"0\r\n\r\n"]
+CHUNK_CORRUPTIONS = [
+    b"\r",
+    b"\n",
+    b"\r\n",
+    b";",
+    b" ",
+    b"\t",
+    b"0",
+    b"f",
+    b"g",
+    b"x",
+    b"\x00",
+    b"ffffffffffffffff",
+    b"0\r\n\r\n",
+]
 
 
 @st.composite
@@ -255,7 +311,7 @@ def chunked_streams(draw: st.DrawFn) -> tuple[list[bytes], dict[str, Any], set[i
         sizes = [len(p) for p in pieces]
     else:
         sizes = draw(st.lists(st.integers(1, 300), max_size=20))
-    extension = draw(st.sampled_from([b"", b"", b";a", b";a=b;c=\"d e\"", b" ;x=1", b"\t"]))
+    extension = draw(st.sampled_from([b"", b"", b";a", b';a=b;c="d e"', b" ;x=1", b"\t"]))
     trailers = draw(st.sampled_from([b"", b"", b"X-Trailer: 1\r\n", b"A: b\r\nC: d\r\n"]))
     data = chunk_encode(body, sizes, extension=extension, trailers=trailers)
     for _ in range(draw(st.sampled_from([0, 0, 1, 1, 2]))):
@@ -293,8 +349,16 @@ def test_twins_have_the_same_public_names() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"mode": "bogus"}, {"mode": 5}, {"expert_shape": (0, 2)}, {"expert_shape": (2,)}, {"expert_shape": "x"},
-     {"max_event_bytes": -1}, {"max_event_bytes": "10"}, {"expert_shape": (2, -1)}],
+    [
+        {"mode": "bogus"},
+        {"mode": 5},
+        {"expert_shape": (0, 2)},
+        {"expert_shape": (2,)},
+        {"expert_shape": "x"},
+        {"max_event_bytes": -1},
+        {"max_event_bytes": "10"},
+        {"expert_shape": (2, -1)},
+    ],
     ids=repr,
 )
 def test_twins_refuse_the_same_arguments_the_same_way(kwargs: dict[str, Any]) -> None:

@@ -194,7 +194,9 @@ def test_scheduler_echo_with_status_code_keeps_its_finish_reason(impl: ModuleTyp
     gen = synthetic_generation("echo-503", 4)
     echo = echo_event(gen, opts, 4, message="Request waiting timeout reached.")
     echo["meta_info"]["finish_reason"] = {
-        "type": "abort", "status_code": 503, "message": "Request waiting timeout reached."
+        "type": "abort",
+        "status_code": 503,
+        "message": "Request waiting timeout reached.",
     }
     result = _run(impl, prefix_events(gen, opts, 2) + [echo])
     assert result.finish_reason == echo["meta_info"]["finish_reason"]

@@ -30,7 +30,7 @@ def events_of(body: bytes) -> list[Any]:
     out: list[Any] = []
     for block in body[:-2].split(b"\n\n"):
         assert block.startswith(b"data: "), block[:40]
-        data = block[len(b"data: "):]
+        data = block[len(b"data: ") :]
         out.append("[DONE]" if data == b"[DONE]" else orjson.loads(data))
     return out
 
@@ -86,8 +86,13 @@ def test_terminal_event_carries_routed_experts_and_top_p() -> None:
 
     async def main() -> list[Any]:
         async with emulator as url:
-            body = payload("r-1", 30, return_logprob=True, return_routed_experts=True,
-                           sampling_params={"custom_params": {"return_top_p_token_ids": True}})
+            body = payload(
+                "r-1",
+                30,
+                return_logprob=True,
+                return_routed_experts=True,
+                sampling_params={"custom_params": {"return_top_p_token_ids": True}},
+            )
             return events_of((await post_body(url, body))[1])
 
     events = run(main())
@@ -102,7 +107,7 @@ def test_terminal_event_carries_routed_experts_and_top_p() -> None:
     offsets = np.frombuffer(pybase64.b64decode(meta["top_p_token_offsets"]), dtype="<i4")
     ids = np.frombuffer(pybase64.b64decode(meta["top_p_token_ids"]), dtype="<i4")
     assert gen.top_p_rows is not None and len(offsets) == 31
-    assert [list(ids[offsets[i]:offsets[i + 1]]) for i in range(30)] == [list(r) for r in gen.top_p_rows]
+    assert [list(ids[offsets[i] : offsets[i + 1]]) for i in range(30)] == [list(r) for r in gen.top_p_rows]
 
 
 def test_routed_experts_need_the_server_flag() -> None:
@@ -130,8 +135,14 @@ def test_text_prompt_and_return_text_in_logprobs() -> None:
 
     async def main() -> list[Any]:
         async with emulator as url:
-            body = {"text": "one two three", "rid": "t-1", "stream": True, "return_logprob": True,
-                    "return_text_in_logprobs": True, "sampling_params": {"max_new_tokens": 4}}
+            body = {
+                "text": "one two three",
+                "rid": "t-1",
+                "stream": True,
+                "return_logprob": True,
+                "return_text_in_logprobs": True,
+                "sampling_params": {"max_new_tokens": 4},
+            }
             return events_of((await post_body(url, body))[1])
 
     terminal = run(main())[-2]
@@ -192,8 +203,13 @@ def test_abort_of_a_running_request_adds_one_token_and_a_full_terminal_event() -
 
     async def main() -> tuple[list[Any], int]:
         async with emulator as url, aiohttp.ClientSession() as session:
-            body = payload("a-1", 100_000, return_logprob=True, return_routed_experts=True,
-                           sampling_params={"custom_params": {"return_top_p_token_ids": True}})
+            body = payload(
+                "a-1",
+                100_000,
+                return_logprob=True,
+                return_routed_experts=True,
+                sampling_params={"custom_params": {"return_top_p_token_ids": True}},
+            )
             async with session.post(f"{url}/generate", json=body) as resp:
                 await wait_until(lambda: emulator.stats.tokens >= 20)
                 await wait_until(lambda: emulator.running == 1)
@@ -215,8 +231,9 @@ def test_abort_of_a_running_request_adds_one_token_and_a_full_terminal_event() -
 @pytest.mark.parametrize("version", ["0.5.23", "0.5.15"])
 @pytest.mark.parametrize("incremental", [False, True], ids=["cumulative", "incremental"])
 def test_abort_of_a_queued_request_sends_the_echo_chunk(incremental: bool, version: str) -> None:
-    emulator = Emulator(max_running_requests=1, token_rate=200, incremental_streaming_output=incremental,
-                        version=version)
+    emulator = Emulator(
+        max_running_requests=1, token_rate=200, incremental_streaming_output=incremental, version=version
+    )
 
     async def main() -> bytes:
         async with emulator as url, aiohttp.ClientSession() as session:
@@ -237,12 +254,14 @@ def test_abort_matches_rids_by_prefix_and_abort_all_hits_everything() -> None:
 
     async def main() -> dict[str, Any]:
         async with emulator as url, aiohttp.ClientSession() as session:
-            responses = {rid: await session.post(f"{url}/generate", json=payload(rid, 100_000))
-                         for rid in ("p-1", "p-10", "p-2")}
+            responses = {
+                rid: await session.post(f"{url}/generate", json=payload(rid, 100_000)) for rid in ("p-1", "p-10", "p-2")
+            }
             await wait_until(lambda: emulator.running == 3)
             await session.post(f"{url}/abort_request", json={"rid": "p-1"})
-            reasons = {rid: events_of(await responses[rid].read())[-2]["meta_info"]["finish_reason"]
-                       for rid in ("p-1", "p-10")}
+            reasons = {
+                rid: events_of(await responses[rid].read())[-2]["meta_info"]["finish_reason"] for rid in ("p-1", "p-10")
+            }
             assert emulator.running == 1
             await session.post(f"{url}/abort_request", json={"abort_all": True})
             reasons["p-2"] = events_of(await responses["p-2"].read())[-2]["meta_info"]["finish_reason"]
@@ -293,8 +312,10 @@ def test_http_500_and_unknown_fault_kinds() -> None:
 @pytest.mark.parametrize(
     ("fault", "tail"),
     [
-        ({"kind": "error_event", "message": "boom", "code": 503, "at": 2},
-         wire.sse(wire.error_event("boom", 503)) + wire.DONE),
+        (
+            {"kind": "error_event", "message": "boom", "code": 503, "at": 2},
+            wire.sse(wire.error_event("boom", 503)) + wire.DONE,
+        ),
         ({"kind": "malformed_json", "at": 2}, b'data: {"text":"broken","output_ids":[1,\n\n' + wire.DONE),
     ],
     ids=["error_event", "malformed_json"],
@@ -329,13 +350,15 @@ def test_split_coalesce_and_zero_token_terminal_faults() -> None:
 
     async def main() -> dict[str, bytes]:
         async with emulator as url:
-            return {kind: (await post_body(url, payload("f-1", 10, fastaccum_fault={"kind": kind})))[1]
-                    for kind in ("split", "coalesce", "zero_token_terminal")}
+            return {
+                kind: (await post_body(url, payload("f-1", 10, fastaccum_fault={"kind": kind})))[1]
+                for kind in ("split", "coalesce", "zero_token_terminal")
+            }
 
     bodies = run(main())
     normal = list(wire.stream_events(gen, opts))
     assert bodies["split"] == wire.stream_bytes(normal)
-    merged = [wire.coalesce(normal[i:i + 3]) for i in range(0, 10, 3)]
+    merged = [wire.coalesce(normal[i : i + 3]) for i in range(0, 10, 3)]
     merged[0]["meta_info"]["response_sent_to_client_ts"] = normal[0]["meta_info"]["response_sent_to_client_ts"]
     coalesced = events_of(bodies["coalesce"])
     assert [e["output_ids"] for e in coalesced[:-1]] == [m["output_ids"] for m in merged]
@@ -380,8 +403,9 @@ def test_retracted_request_ends_with_the_echo_of_everything_decoded(incremental:
 
     async def main() -> list[Any]:
         async with emulator as url:
-            task = asyncio.ensure_future(post_body(url, payload("r-1", 40, return_logprob=True,
-                                                                fastaccum_fault={"kind": "retract", "at": 3})))
+            task = asyncio.ensure_future(
+                post_body(url, payload("r-1", 40, return_logprob=True, fastaccum_fault={"kind": "retract", "at": 3}))
+            )
             await wait_until(lambda: emulator.retracted == 1)
             assert emulator.running == 1  # a retracted request still holds its slot
             emulator.abort(abort_all=True)

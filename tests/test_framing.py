@@ -75,8 +75,16 @@ def test_mixed_line_ends_in_one_stream(impl: ModuleType, outcomes) -> None:
     body = _body()
     reference = _run(impl, [body])
     # Every (line end, blank line end) pair except CR then LF, which would be one CRLF line end.
-    pairs = [(b"\r\n", b"\r\n"), (b"\r", b"\r"), (b"\n", b"\n"), (b"\n", b"\r"), (b"\r\n", b"\n"),
-             (b"\n", b"\r\n"), (b"\r", b"\r\n"), (b"\r\n", b"\r")]
+    pairs = [
+        (b"\r\n", b"\r\n"),
+        (b"\r", b"\r"),
+        (b"\n", b"\n"),
+        (b"\n", b"\r"),
+        (b"\r\n", b"\n"),
+        (b"\n", b"\r\n"),
+        (b"\r", b"\r\n"),
+        (b"\r\n", b"\r"),
+    ]
     blocks = body.split(b"\n\n")[:-1]
     mixed = b"".join(block + pairs[i % 8][0] + pairs[i % 8][1] for i, block in enumerate(blocks))
     outcomes.assert_same_result(_run(impl, [mixed]), reference)
@@ -389,8 +397,22 @@ def test_max_event_bytes_applies_per_event(impl: ModuleType) -> None:
 
 @pytest.mark.parametrize(
     "tail",
-    [b"", b"d", b"data", b"data:", b"data: ", b"data: [DO", b"data: [DONE", b"data: [DONE]",
-     b"data:[DONE]", b"data: [DONE]\n", b"data: [DONE]\r", b"data: [DONE]\r\n", b": bye", DONE],
+    [
+        b"",
+        b"d",
+        b"data",
+        b"data:",
+        b"data: ",
+        b"data: [DO",
+        b"data: [DONE",
+        b"data: [DONE]",
+        b"data:[DONE]",
+        b"data: [DONE]\n",
+        b"data: [DONE]\r",
+        b"data: [DONE]\r\n",
+        b": bye",
+        DONE,
+    ],
     ids=repr,
 )
 def test_end_of_input_before_or_inside_done_is_fine(impl: ModuleType, tail: bytes) -> None:
@@ -412,9 +434,7 @@ def test_unfinished_data_event_after_terminal_that_cannot_be_done(impl: ModuleTy
     assert len(acc.snapshot().token_ids) == 6
 
 
-@pytest.mark.parametrize(
-    "cut", [1, 10, -40, -3, -2, -1], ids=lambda c: f"cut{c}"
-)
+@pytest.mark.parametrize("cut", [1, 10, -40, -3, -2, -1], ids=lambda c: f"cut{c}")
 def test_end_of_input_inside_an_event_before_terminal_is_truncation(impl: ModuleType, cut: int) -> None:
     events = list(stream_events(_gen(3), INC))
     head = stream_bytes(events[:-1], done=False)

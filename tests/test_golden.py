@@ -122,7 +122,9 @@ def _accumulate(impl: ModuleType, pieces: list[bytes], entry: dict[str, Any], mo
 
 @pytest.mark.parametrize(("version", "name", "entry"), CASES)
 @pytest.mark.parametrize("piece_size", [0, 7, 1021], ids=["whole", "7B", "1021B"])
-def test_golden_replays_to_expected_result(impl: ModuleType, version: str, name: str, entry: dict[str, Any], piece_size: int) -> None:
+def test_golden_replays_to_expected_result(
+    impl: ModuleType, version: str, name: str, entry: dict[str, Any], piece_size: int
+) -> None:
     data = (GOLDEN / version / entry["file"]).read_bytes()
     pieces = wire.split_pieces(data, [piece_size]) if piece_size else [data]
     expect = entry["expect"]

@@ -43,6 +43,7 @@ def _meta(key: str, value: Any) -> Callable[[dict[str, Any]], Any]:
 def _triple(index: int, value: Any) -> Callable[[dict[str, Any]], Any]:
     def change(e: dict[str, Any]) -> None:
         e["meta_info"]["output_token_logprobs"][0][index] = value
+
     return change
 
 
@@ -50,6 +51,7 @@ def _both_ids(value: Any) -> Callable[[dict[str, Any]], Any]:
     def change(e: dict[str, Any]) -> None:
         e["output_ids"][0] = value
         e["meta_info"]["output_token_logprobs"][0][1] = value
+
     return change
 
 
@@ -86,8 +88,9 @@ CASES: dict[str, Case] = {
     "output-ids-string": Case(_mutated(lambda e: e.__setitem__("output_ids", "12")), FORMAT, "output_ids"),
     "output-ids-float": Case(_mutated(lambda e: e["output_ids"].__setitem__(0, 1.0)), FORMAT, "output_ids"),
     "output-ids-bool": Case(_mutated(lambda e: e["output_ids"].__setitem__(0, True)), FORMAT, "output_ids"),
-    "output-ids-disagree": Case(_mutated(lambda e: e["output_ids"].__setitem__(1, e["output_ids"][1] + 1)),
-                                FORMAT, "output_ids"),
+    "output-ids-disagree": Case(
+        _mutated(lambda e: e["output_ids"].__setitem__(1, e["output_ids"][1] + 1)), FORMAT, "output_ids"
+    ),
     "output-ids-shorter": Case(_mutated(lambda e: e["output_ids"].pop()), FORMAT, "output_ids"),
     # ---- token ids and logprob triples
     "id-negative": Case(_mutated(_both_ids(-1)), FORMAT, "-1"),
@@ -101,12 +104,17 @@ CASES: dict[str, Case] = {
     "logprob-string": Case(_mutated(_triple(0, "-0.5")), FORMAT, "output_token_logprobs"),
     "logprob-bool": Case(_mutated(_triple(0, False)), FORMAT, "output_token_logprobs"),
     "logprob-text-number": Case(_mutated(_triple(2, 7)), FORMAT, "output_token_logprobs"),
-    "triple-too-short": Case(_mutated(lambda e: e["meta_info"]["output_token_logprobs"][0].pop(1)),
-                             FORMAT, "output_token_logprobs"),
-    "triple-too-long": Case(_mutated(lambda e: e["meta_info"]["output_token_logprobs"][0].append(None)),
-                            FORMAT, "output_token_logprobs"),
-    "triple-not-a-list": Case(_mutated(lambda e: e["meta_info"]["output_token_logprobs"].__setitem__(0, {"a": 1})),
-                              FORMAT, "output_token_logprobs"),
+    "triple-too-short": Case(
+        _mutated(lambda e: e["meta_info"]["output_token_logprobs"][0].pop(1)), FORMAT, "output_token_logprobs"
+    ),
+    "triple-too-long": Case(
+        _mutated(lambda e: e["meta_info"]["output_token_logprobs"][0].append(None)), FORMAT, "output_token_logprobs"
+    ),
+    "triple-not-a-list": Case(
+        _mutated(lambda e: e["meta_info"]["output_token_logprobs"].__setitem__(0, {"a": 1})),
+        FORMAT,
+        "output_token_logprobs",
+    ),
     "logprobs-not-a-list": Case(_mutated(_meta("output_token_logprobs", "[]")), FORMAT, "output_token_logprobs"),
     "logprobs-switched-off": Case(_mutated(_drop_logprobs), FORMAT, "output_token_logprobs"),
     # ---- numbers in meta_info
@@ -114,8 +122,9 @@ CASES: dict[str, Case] = {
     "completion-tokens-string": Case(_mutated(_meta("completion_tokens", "5")), FORMAT, "completion_tokens"),
     "completion-tokens-bool": Case(_mutated(_meta("completion_tokens", True)), FORMAT, "completion_tokens"),
     "completion-tokens-float": Case(_mutated(_meta("completion_tokens", 5.0)), FORMAT, "completion_tokens"),
-    "logprobs-length-string": Case(_mutated(_meta("output_token_logprobs_length", "5")),
-                                   FORMAT, "output_token_logprobs_length"),
+    "logprobs-length-string": Case(
+        _mutated(_meta("output_token_logprobs_length", "5")), FORMAT, "output_token_logprobs_length"
+    ),
     "prompt-tokens-negative": Case(_mutated(_meta("prompt_tokens", -1)), FORMAT, "prompt_tokens"),
     "prompt-tokens-float": Case(_mutated(_meta("prompt_tokens", 16.5)), FORMAT, "prompt_tokens"),
     "finish-reason-string": Case(_mutated(_meta("finish_reason", "stop")), FORMAT, "finish_reason"),
@@ -125,15 +134,18 @@ CASES: dict[str, Case] = {
     "text-array": Case(_mutated(lambda e: e.__setitem__("text", ["a"])), FORMAT, "text"),
     # ---- lengths
     "totals-disagree": Case(_mutated(_meta("completion_tokens", 6)), LENGTH, "completion_tokens"),
-    "cumulative-event": Case(orjson.dumps(normal_event(GEN, WireOptions(logprob_text=True), 0, 5)), LENGTH,
-                             "incremental"),
-    "total-too-small": Case(_mutated(lambda e: [_meta(k, 4)(e) for k in
-                                                ("completion_tokens", "output_token_logprobs_length")]),
-                            LENGTH, "4"),
+    "cumulative-event": Case(
+        orjson.dumps(normal_event(GEN, WireOptions(logprob_text=True), 0, 5)), LENGTH, "incremental"
+    ),
+    "total-too-small": Case(
+        _mutated(lambda e: [_meta(k, 4)(e) for k in ("completion_tokens", "output_token_logprobs_length")]), LENGTH, "4"
+    ),
     # ---- base64 arrays
-    "top-p-undecodable": Case(_mutated(lambda e: e["meta_info"].update(top_p_token_ids="@@@@",
-                                                                      top_p_token_offsets="AAAAAA==")),
-                              FORMAT, "top_p_token_ids"),
+    "top-p-undecodable": Case(
+        _mutated(lambda e: e["meta_info"].update(top_p_token_ids="@@@@", top_p_token_offsets="AAAAAA==")),
+        FORMAT,
+        "top_p_token_ids",
+    ),
     "routed-experts-undecodable": Case(_mutated(_meta("routed_experts", "A")), FORMAT, "routed_experts"),
 }
 

@@ -115,9 +115,9 @@ def test_stream_reassembles_exactly(impl: ModuleType, incremental: bool, interva
     body = stream_bytes(events)
     rng = random.Random(f"{feature}/{interval}/{incremental}")
     sizes = [int(2 ** rng.uniform(0, 16)) for _ in range(200)]
-    held_after = np.cumsum([len(e["output_ids"]) for e in events]) if incremental else [
-        len(e["output_ids"]) for e in events
-    ]
+    held_after = (
+        np.cumsum([len(e["output_ids"]) for e in events]) if incremental else [len(e["output_ids"]) for e in events]
+    )
     for mode in ("auto", _mode_of(opts)):
         acc = impl.StreamAccumulator(mode, **acc_kwargs)
         completed = 0
@@ -326,8 +326,7 @@ def test_cumulative_total_may_not_decrease(impl: ModuleType) -> None:
 def _cumulative_with(gen, replace: dict[int, bytes], opts: WireOptions = CUM) -> list[bytes]:
     """The stream's event blobs with some events' data replaced by raw bytes."""
     return [
-        (b"data: " + replace[i] + b"\n\n") if i in replace else _data(e)
-        for i, e in enumerate(_events(gen, opts))
+        (b"data: " + replace[i] + b"\n\n") if i in replace else _data(e) for i, e in enumerate(_events(gen, opts))
     ] + [DONE]
 
 
@@ -353,7 +352,7 @@ def test_superseded_light_checked_event_is_never_parsed(impl: ModuleType) -> Non
 def test_light_checked_total_may_not_decrease(impl: ModuleType) -> None:
     gen = synthetic_generation("light-dec", 6)
     acc = impl.StreamAccumulator()
-    blobs = _cumulative_with(gen, {3: LIGHT_GARBAGE.replace(b"tokens\":4", b"tokens\":2")})
+    blobs = _cumulative_with(gen, {3: LIGHT_GARBAGE.replace(b'tokens":4', b'tokens":2')})
     _feed_all(acc, blobs[:3])
     with pytest.raises(StreamLengthError) as info:
         acc.feed(blobs[3])
@@ -365,7 +364,7 @@ def test_light_checked_total_may_not_decrease(impl: ModuleType) -> None:
 def test_light_checked_total_is_compared_with_the_previous_light_event(impl: ModuleType) -> None:
     gen = synthetic_generation("light-dec2", 6)
     acc = impl.StreamAccumulator()
-    blobs = _cumulative_with(gen, {3: LIGHT_GARBAGE.replace(b"tokens\":4", b"tokens\":10")})
+    blobs = _cumulative_with(gen, {3: LIGHT_GARBAGE.replace(b'tokens":4', b'tokens":10')})
     _feed_all(acc, blobs[:4])  # claims 10: only light-checked, so accepted for now
     with pytest.raises(StreamLengthError) as info:
         acc.feed(blobs[4])  # 5 < 10
@@ -426,8 +425,17 @@ def test_error_event_in_the_middle_is_always_raised(impl: ModuleType) -> None:
         b'{"text":"zz","output_ids":"nope","meta_info":{"finish_reason":null}}',
         b'{"text":"zz","output_ids":"nope","meta_info":{"finish_reason":null,"completion_tokens":null}}',
     ],
-    ids=["other-first-key", "leading-space", "space-after-brace", "finish-not-null",
-         "no-finish-reason", "string-total", "float-total", "no-total", "null-total"],
+    ids=[
+        "other-first-key",
+        "leading-space",
+        "space-after-brace",
+        "finish-not-null",
+        "no-finish-reason",
+        "string-total",
+        "float-total",
+        "no-total",
+        "null-total",
+    ],
 )
 def test_events_failing_the_light_check_are_parsed_fully(impl: ModuleType, garbage: bytes) -> None:
     gen = synthetic_generation("full", 6)

@@ -69,9 +69,7 @@ def test_no_routed_experts_gives_none(impl: ModuleType) -> None:
 
 
 def test_negative_and_extreme_values_are_little_endian_int32(impl: ModuleType) -> None:
-    values = np.array(
-        [0, 1, -1, 2**31 - 1, -(2**31), 0x01020304, 127, 128, 255, 256, -256, 65536], dtype=np.int32
-    )
+    values = np.array([0, 1, -1, 2**31 - 1, -(2**31), 0x01020304, 127, 128, 255, 256, -256, 65536], dtype=np.int32)
     gen = synthetic_generation("re-le", 3, prompt_tokens=1)
     events = list(stream_events(gen, INC))
     events[-1]["meta_info"][KEY] = encode_int32(values)  # (1 + 3 - 1) rows x 2 layers x top-2

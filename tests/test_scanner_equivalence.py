@@ -46,8 +46,13 @@ def _event(numbers: list[bytes], ids: list[int] | None = None, total: int = 0) -
     total = total or len(ids)
     return (
         b'data: {"text":"x","output_ids":[' + out_ids + b'],"meta_info":{"id":"r","finish_reason":null,'
-        b'"prompt_tokens":3,"output_token_logprobs":[' + triples + b'],"output_token_logprobs_length":'
-        + str(total).encode() + b',"completion_tokens":' + str(total).encode() + b"}}\n\n"
+        b'"prompt_tokens":3,"output_token_logprobs":['
+        + triples
+        + b'],"output_token_logprobs_length":'
+        + str(total).encode()
+        + b',"completion_tokens":'
+        + str(total).encode()
+        + b"}}\n\n"
     )
 
 
@@ -69,11 +74,30 @@ def _number_spellings(rng: random.Random) -> Iterator[bytes]:
         yield f"{x:.25e}".encode()  # more digits than a double holds
         yield f"{x:.17g}".encode()
     yield from (
-        b"0", b"-0", b"-0.0", b"0.0", b"1e16", b"1e+16", b"1E-7", b"-1.0000000116860974e-7",
-        b"5e-324", b"2.2250738585072014e-308", b"1.7976931348623157e308", b"1e-400", b"123456789012345",
-        b"9007199254740993", b"18446744073709551616", b"0.30000000000000004", b"1." + b"0" * 40,
-        b"-0.000019999999494757503", b"4.9406564584124654e-324", b"2.4703282292062327e-324",
-        b"2.4703282292062328e-324", b"9007199254740993.0", b"0.1e1", b"100e-2",
+        b"0",
+        b"-0",
+        b"-0.0",
+        b"0.0",
+        b"1e16",
+        b"1e+16",
+        b"1E-7",
+        b"-1.0000000116860974e-7",
+        b"5e-324",
+        b"2.2250738585072014e-308",
+        b"1.7976931348623157e308",
+        b"1e-400",
+        b"123456789012345",
+        b"9007199254740993",
+        b"18446744073709551616",
+        b"0.30000000000000004",
+        b"1." + b"0" * 40,
+        b"-0.000019999999494757503",
+        b"4.9406564584124654e-324",
+        b"2.4703282292062327e-324",
+        b"2.4703282292062328e-324",
+        b"9007199254740993.0",
+        b"0.1e1",
+        b"100e-2",
     )
 
 
@@ -132,8 +156,10 @@ def test_a_special_byte_anywhere_in_a_string_is_seen(cy, outcomes, special: byte
     # Plain runs are skipped eight bytes at a time: the special byte is put at every offset.
     for offset in range(20):
         text = b"a" * offset + special + b"b" * (19 - offset)
-        event = _event([b"-0.5"]).replace(b'"text":"x"', b'"text":"' + text + b'"').replace(
-            b'"id":"r"', b'"id":"' + text + b'"'
+        event = (
+            _event([b"-0.5"])
+            .replace(b'"text":"x"', b'"text":"' + text + b'"')
+            .replace(b'"id":"r"', b'"id":"' + text + b'"')
         )
         _agree(cy, outcomes, event + b"data: [DONE]\n\n", mode="incremental")
 
@@ -141,8 +167,26 @@ def test_a_special_byte_anywhere_in_a_string_is_seen(cy, outcomes, special: byte
 @pytest.mark.parametrize(
     "bad",
     [
-        b"01", b"1.", b".5", b"-", b"+1", b"1e", b"1e+", b"NaN", b"Infinity", b"-Infinity", b"1e400",
-        b"0x10", b"1_000", b"--1", b"1.5.5", b"true", b'"1"', b"[1]", b"1 ", b" 1",
+        b"01",
+        b"1.",
+        b".5",
+        b"-",
+        b"+1",
+        b"1e",
+        b"1e+",
+        b"NaN",
+        b"Infinity",
+        b"-Infinity",
+        b"1e400",
+        b"0x10",
+        b"1_000",
+        b"--1",
+        b"1.5.5",
+        b"true",
+        b'"1"',
+        b"[1]",
+        b"1 ",
+        b" 1",
     ],
 )
 def test_numbers_the_scanner_refuses_go_to_orjson(cy, outcomes, bad: bytes) -> None:
@@ -211,10 +255,16 @@ def test_unusual_events_match_the_orjson_path(cy, outcomes, edit: int) -> None:
 def test_streams_match_the_orjson_path(cy, outcomes, incremental: bool, interval: int) -> None:
     rng = random.Random(interval)
     for trial in range(5):
-        gen = synthetic_generation(f"eq{trial}", rng.choice([1, 50, 300]), top_p=rng.random() < 0.3,
-                                   expert_shape=(2, 2) if rng.random() < 0.3 else None, null_logprob_every=7)
-        opts = WireOptions(incremental=incremental, logprob_text=rng.random() < 0.5,
-                           skip_tokenizer_init=rng.random() < 0.3)
+        gen = synthetic_generation(
+            f"eq{trial}",
+            rng.choice([1, 50, 300]),
+            top_p=rng.random() < 0.3,
+            expert_shape=(2, 2) if rng.random() < 0.3 else None,
+            null_logprob_every=7,
+        )
+        opts = WireOptions(
+            incremental=incremental, logprob_text=rng.random() < 0.5, skip_tokenizer_init=rng.random() < 0.3
+        )
         data = stream_bytes(stream_events(gen, opts, interval=interval))
         for piece in (1, 97, 65536):
             cy._fast_scan(True)

@@ -74,10 +74,18 @@ def _contract(root: str, test_file: str, variable: str, value: str, deselect: st
 @pytest.mark.parametrize(
     ("test_file", "variable", "value", "runtime_test"),
     [
-        ("test_plugin_generate_contracts.py", "SLIME_CONTRACT_CUSTOM_GENERATE_FUNCTION_PATH",
-         "fastaccum.slime.generate", "test_custom_generate_function_path_supports_user_override"),
-        ("test_plugin_rollout_contracts.py", "SLIME_CONTRACT_ROLLOUT_FUNCTION_PATH",
-         "fastaccum.slime.generate_rollout", "test_rollout_function_path_contract_supports_user_override"),
+        (
+            "test_plugin_generate_contracts.py",
+            "SLIME_CONTRACT_CUSTOM_GENERATE_FUNCTION_PATH",
+            "fastaccum.slime.generate",
+            "test_custom_generate_function_path_supports_user_override",
+        ),
+        (
+            "test_plugin_rollout_contracts.py",
+            "SLIME_CONTRACT_ROLLOUT_FUNCTION_PATH",
+            "fastaccum.slime.generate_rollout",
+            "test_rollout_function_path_contract_supports_user_override",
+        ),
     ],
 )
 @pytest.mark.parametrize("root", SLIME_ROOTS, ids=[Path(r).name for r in SLIME_ROOTS])

@@ -135,7 +135,7 @@ def test_json_escapes_in_text(impl: ModuleType) -> None:
     escaped = rb"\ud83d\ude42 \u00e9\/\b\f\n\r\t\"\\\u2028\u0041"
     body = b"data: " + orjson.dumps(event).replace(b"PLACEHOLDER", escaped) + b"\n\n"
     result = impl.accumulate([body])
-    assert result.text == "\U0001f642 \u00e9/\b\f\n\r\t\"\\\u2028A"
+    assert result.text == '\U0001f642 \u00e9/\b\f\n\r\t"\\\u2028A'
 
 
 def test_text_with_utf8_split_inside_characters(impl: ModuleType) -> None:
@@ -174,11 +174,29 @@ def test_two_element_logprob_entries(impl: ModuleType) -> None:
 # ---- logprob values -------------------------------------------------------------------------
 
 NUMBERS = [
-    b"1e-7", b"1e+16", b"1E16", b"1e16", b"-0.0", b"0.0", b"0", b"-0", b"-5", b"3",
-    b"-1.0000000116860974e-7", b"-0.3310999870300293", b"-0.000012299999980314169",
-    b"-1.9000000293090125e-6", b"-2.5E-3", b"5e-324", b"-2.2250738585072014e-308",
-    b"1.7976931348623157e308", b"-123456789012345678901234567890", b"0.1", b"-1e-400",
-    b"-0.30000000000000004", b"-9007199254740993",
+    b"1e-7",
+    b"1e+16",
+    b"1E16",
+    b"1e16",
+    b"-0.0",
+    b"0.0",
+    b"0",
+    b"-0",
+    b"-5",
+    b"3",
+    b"-1.0000000116860974e-7",
+    b"-0.3310999870300293",
+    b"-0.000012299999980314169",
+    b"-1.9000000293090125e-6",
+    b"-2.5E-3",
+    b"5e-324",
+    b"-2.2250738585072014e-308",
+    b"1.7976931348623157e308",
+    b"-123456789012345678901234567890",
+    b"0.1",
+    b"-1e-400",
+    b"-0.30000000000000004",
+    b"-9007199254740993",
 ]
 
 
@@ -192,8 +210,7 @@ def test_logprob_numbers_parse_exactly_as_orjson(impl: ModuleType) -> None:
     triples = b",".join(b"[" + num + b"," + str(t).encode() + b",null]" for num, t in zip(NUMBERS, gen.token_ids))
     meta = (
         b'{"id":"f","finish_reason":{"type":"length","length":%d},"prompt_tokens":3,'
-        b'"output_token_logprobs":[%s],"output_token_logprobs_length":%d,"completion_tokens":%d}'
-        % (n, triples, n, n)
+        b'"output_token_logprobs":[%s],"output_token_logprobs_length":%d,"completion_tokens":%d}' % (n, triples, n, n)
     )
     body = b'data: {"text":"","output_ids":%s,"meta_info":%s}\n\n' % (orjson.dumps(list(gen.token_ids)), meta)
     result = impl.accumulate([body])

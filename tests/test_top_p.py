@@ -191,7 +191,8 @@ BAD_FORMAT_CASES = {
     "undecodable-offsets": {IDS: GOOD_IDS, OFFSETS: "AAAA@"},
     "bad-padding": {IDS: GOOD_IDS[:-1], OFFSETS: encode_int32([0, 1, 2, 3])},
     "not-a-multiple-of-4": {
-        IDS: pybase64.b64encode(b"\x01\x00\x00\x00\x02\x00").decode(), OFFSETS: encode_int32([0, 1, 1, 1])
+        IDS: pybase64.b64encode(b"\x01\x00\x00\x00\x02\x00").decode(),
+        OFFSETS: encode_int32([0, 1, 1, 1]),
     },
     "offsets-not-from-0": {IDS: GOOD_IDS, OFFSETS: encode_int32([1, 2, 3, 3])},
     "offsets-decrease": {IDS: GOOD_IDS, OFFSETS: encode_int32([0, 2, 1, 3])},

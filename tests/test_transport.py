@@ -153,7 +153,7 @@ class RawServer:
                 await asyncio.sleep(self.pause)
             if await asyncio.wait_for(reader.read(1), self.hold) == b"":
                 self.client_left += 1
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError):
+        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
             self.client_left += 1
         except asyncio.CancelledError:
             pass
@@ -162,8 +162,9 @@ class RawServer:
 
 
 GEN = synthetic_generation("raw", 10, prompt_tokens=len(PROMPT))
-EVENTS = [sse(normal_event(GEN, WireOptions(incremental=True), i, i + 1, first=i == 0, terminal=i == 9))
-          for i in range(10)]
+EVENTS = [
+    sse(normal_event(GEN, WireOptions(incremental=True), i, i + 1, first=i == 0, terminal=i == 9)) for i in range(10)
+]
 CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 
 
@@ -284,8 +285,10 @@ def test_outer_cancel_propagates_and_the_server_sees_it(transport: Transport) ->
 @pytest.mark.parametrize("status", [400, 500, 503])
 def test_error_statuses_are_server_errors_with_the_body(transport: Transport, status: int) -> None:
     body = b'{"error": "no room"}'
-    parts = [b"HTTP/1.1 %d Oops\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-             % (status, len(body), body)]
+    parts = [
+        b"HTTP/1.1 %d Oops\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+        % (status, len(body), body)
+    ]
 
     async def main() -> None:
         async with RawServer(parts) as url, transport.open(url) as make:
@@ -316,8 +319,9 @@ def test_http_500_from_the_emulator(transport: Transport) -> None:
     ],
     ids=["bad-status-line", "bad-header", "bad-chunk-size", "no-crlf-after-chunk"],
 )
-def test_malformed_responses_are_format_errors_that_keep_the_prefix(transport: Transport, parts: list[bytes],
-                                                                    kept: int) -> None:
+def test_malformed_responses_are_format_errors_that_keep_the_prefix(
+    transport: Transport, parts: list[bytes], kept: int
+) -> None:
     async def main() -> None:
         async with RawServer(parts) as url, transport.open(url) as make:
             stream = make(payload("m-1", 10))
@@ -392,8 +396,16 @@ def test_headers_per_client_and_per_request(transport: Transport) -> None:
 def test_200_streams_with_random_aborts(transport: Transport) -> None:
     rng = random.Random(99)
     emulator = Emulator(max_running_requests=64, incremental_streaming_output=True, stream_interval=4)
-    plans = [(f"st-{i:03d}-", rng.choice(["full", "timed", "midway"]), rng.randrange(50, 300),
-              rng.uniform(0.0, 0.15), rng.randrange(1, 8)) for i in range(200)]
+    plans = [
+        (
+            f"st-{i:03d}-",
+            rng.choice(["full", "timed", "midway"]),
+            rng.randrange(50, 300),
+            rng.uniform(0.0, 0.15),
+            rng.randrange(1, 8),
+        )
+        for i in range(200)
+    ]
 
     async def main() -> list[StreamResult]:
         async with emulator as url, transport.open(url) as make:

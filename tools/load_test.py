@@ -1,8 +1,8 @@
 """Load and fault test of the client against emulators on loopback: leaks, RSS, error bounds.
 
 Each round opens one aiohttp session (or, with ``--transport client``, one ``fastaccum.Client`` per
-server) and runs N concurrent streams against two emulator subprocesses (one cumulative, one incremental, so the client process is measured alone). Every
-stream follows a random plan:
+server) and runs N concurrent streams against two emulator subprocesses (one cumulative, one
+incremental, so the client process is measured alone). Every stream follows a random plan:
 
 - ``complete``: runs to the end; the result must equal the emulator's truth;
 - ``abort``: ``stream.abort()`` after a random delay; the prefix must equal the truth;
@@ -62,8 +62,16 @@ READ_TIMEOUT = 0.5  # only the stall plans set one; a stall lasts far longer
 STALL_SECONDS = 60.0
 # Plan weights; faults are rarer than the normal cases, but every kind occurs in every round.
 PLANS: dict[str, int] = {
-    "complete": 40, "abort": 16, "cancel": 16, "server_abort": 6, "cut": 4, "stall": 4,
-    "http_500": 4, "error_event": 4, "malformed_json": 3, "refused": 3,
+    "complete": 40,
+    "abort": 16,
+    "cancel": 16,
+    "server_abort": 6,
+    "cut": 4,
+    "stall": 4,
+    "http_500": 4,
+    "error_event": 4,
+    "malformed_json": 3,
+    "refused": 3,
 }
 EXPECTED_ERRORS: dict[str, tuple[type[StreamError], int | None]] = {
     "cut": (StreamTruncatedError, None),
@@ -145,8 +153,23 @@ class EmulatorProcess:
         # Lockstep (no token rate) sends every emission point as its own event, so a fault's
         # event index fixes the prefix exactly: 1 + STREAM_INTERVAL * (at - 1) tokens.
         rate = "0" if lockstep else str(TOKEN_RATE)
-        args = [sys.executable, "-P", "-m", "fastaccum", "emulator", "--port", "0", "--token-rate", rate,
-                "--stream-interval", str(STREAM_INTERVAL), "--max-running-requests", "4096", "--seed", str(seed)]
+        args = [
+            sys.executable,
+            "-P",
+            "-m",
+            "fastaccum",
+            "emulator",
+            "--port",
+            "0",
+            "--token-rate",
+            rate,
+            "--stream-interval",
+            str(STREAM_INTERVAL),
+            "--max-running-requests",
+            "4096",
+            "--seed",
+            str(seed),
+        ]
         if incremental:
             args.append("--incremental-streaming-output")
         self.incremental = incremental
@@ -175,8 +198,12 @@ class EmulatorProcess:
 
 
 def payload(rid: str, n: int, fault: dict[str, Any] | None) -> dict[str, Any]:
-    body: dict[str, Any] = {"input_ids": PROMPT, "rid": rid, "return_logprob": True,
-                            "sampling_params": {"max_new_tokens": n}}
+    body: dict[str, Any] = {
+        "input_ids": PROMPT,
+        "rid": rid,
+        "return_logprob": True,
+        "sampling_params": {"max_new_tokens": n},
+    }
     if fault is not None:
         body["fastaccum_fault"] = fault
     return body
@@ -197,8 +224,15 @@ def check_prefix(server: EmulatorProcess, rid: str, result: Any, n: int) -> str 
     return None
 
 
-async def one_stream(session: aiohttp.ClientSession, make: Any, servers: list[EmulatorProcess], rid: str,
-                     plan: str, rng: random.Random, failures: list[str]) -> tuple[str, float]:
+async def one_stream(
+    session: aiohttp.ClientSession,
+    make: Any,
+    servers: list[EmulatorProcess],
+    rid: str,
+    plan: str,
+    rng: random.Random,
+    failures: list[str],
+) -> tuple[str, float]:
     """Run one planned stream; return (outcome, seconds until an expected error, else 0).
 
     ``servers``: cumulative and incremental emulators with a token rate, then a lockstep one that
@@ -226,10 +260,12 @@ async def one_stream(session: aiohttp.ClientSession, make: Any, servers: list[Em
     elif plan == "cancel":
         loop.call_later(delay, task.cancel)
     elif plan == "server_abort":
+
         async def abort_on_server() -> None:
             await asyncio.sleep(delay)
             async with session.post(f"{server.url}/abort_request", json={"rid": rid}) as response:
                 await response.read()
+
         abort_task = asyncio.ensure_future(abort_on_server())
     started = loop.time()
     try:
@@ -301,8 +337,15 @@ async def server_busy(session: aiohttp.ClientSession, servers: list[EmulatorProc
     return busy
 
 
-async def run_round(servers: list[EmulatorProcess], index: int, n: int, rng: random.Random,
-                    baseline_sockets: int, baseline_fds: int = 0, transport: str = "aiohttp") -> RoundReport:
+async def run_round(
+    servers: list[EmulatorProcess],
+    index: int,
+    n: int,
+    rng: random.Random,
+    baseline_sockets: int,
+    baseline_fds: int = 0,
+    transport: str = "aiohttp",
+) -> RoundReport:
     failures: list[str] = []
     plans = plan_round(rng, n)
     started = time.perf_counter()
@@ -319,10 +362,14 @@ async def run_round(servers: list[EmulatorProcess], index: int, n: int, rng: ran
             return clients[base].stream(body, read_timeout=read_timeout)
 
         try:
-            outcomes = await asyncio.gather(*(
-                one_stream(session, make, servers, f"r{index:02d}-s{i:04d}-", plan, random.Random(rng.random()),
-                           failures)
-                for i, plan in enumerate(plans)))
+            outcomes = await asyncio.gather(
+                *(
+                    one_stream(
+                        session, make, servers, f"r{index:02d}-s{i:04d}-", plan, random.Random(rng.random()), failures
+                    )
+                    for i, plan in enumerate(plans)
+                )
+            )
         finally:
             for client in clients.values():
                 await client.close()
@@ -355,28 +402,44 @@ async def run_round(servers: list[EmulatorProcess], index: int, n: int, rng: ran
     if live:
         failures.append(f"{live} accumulators still alive")
     return RoundReport(
-        round=index, streams=n, wall_s=round(wall, 2), plans=dict(Counter(plans)),
-        outcomes=dict(Counter(o for o, _ in outcomes)), leaked_tasks=len(leaked), open_sockets=max(sockets, 0),
-        live_accumulators=live, server_busy=busy, rss_mib=round(rss_mib(), 1),
-        slowest_error_s=round(max((t for _, t in outcomes), default=0.0), 2), failures=failures,
-        open_fds=max(fds, 0), transport=transport,
+        round=index,
+        streams=n,
+        wall_s=round(wall, 2),
+        plans=dict(Counter(plans)),
+        outcomes=dict(Counter(o for o, _ in outcomes)),
+        leaked_tasks=len(leaked),
+        open_sockets=max(sockets, 0),
+        live_accumulators=live,
+        server_busy=busy,
+        rss_mib=round(rss_mib(), 1),
+        slowest_error_s=round(max((t for _, t in outcomes), default=0.0), 2),
+        failures=failures,
+        open_fds=max(fds, 0),
+        transport=transport,
     )
 
 
-def run(streams: int, rounds: int, *, seed: int = 0, twin: str = "cython",
-        log: Any = None, transport: str = "aiohttp") -> list[RoundReport]:
+def run(
+    streams: int, rounds: int, *, seed: int = 0, twin: str = "cython", log: Any = None, transport: str = "aiohttp"
+) -> list[RoundReport]:
     """Start the emulators, run the rounds, stop the emulators; one report per round."""
     if twin == "python":
         from fastaccum import _py
+
         accumulator = _py.StreamAccumulator
     else:
         from fastaccum import _cy
+
         accumulator = _cy.StreamAccumulator
     saved = client_module.StreamAccumulator
     client_module.StreamAccumulator = accumulator  # type: ignore[misc]
-    servers = [EmulatorProcess(incremental=False, seed=seed), EmulatorProcess(incremental=True, seed=seed),
-               EmulatorProcess(incremental=True, seed=seed, lockstep=True)]
+    servers = [
+        EmulatorProcess(incremental=False, seed=seed),
+        EmulatorProcess(incremental=True, seed=seed),
+        EmulatorProcess(incremental=True, seed=seed, lockstep=True),
+    ]
     try:
+
         async def main() -> list[RoundReport]:
             rng = random.Random(seed)
             baseline = open_sockets()
@@ -397,10 +460,12 @@ def run(streams: int, rounds: int, *, seed: int = 0, twin: str = "cython",
 
 
 def _line(r: RoundReport) -> str:
-    return (f"round {r.round:2d}: {r.streams} streams in {r.wall_s:5.2f} s  rss {r.rss_mib:7.1f} MiB  "
-            f"tasks {r.leaked_tasks}  sockets {r.open_sockets}  fds {r.open_fds}  accumulators {r.live_accumulators}  "
-            f"server busy {r.server_busy}  slowest error {r.slowest_error_s:.2f} s  "
-            f"failures {len(r.failures)}  {dict(sorted(r.outcomes.items()))}")
+    return (
+        f"round {r.round:2d}: {r.streams} streams in {r.wall_s:5.2f} s  rss {r.rss_mib:7.1f} MiB  "
+        f"tasks {r.leaked_tasks}  sockets {r.open_sockets}  fds {r.open_fds}  accumulators {r.live_accumulators}  "
+        f"server busy {r.server_busy}  slowest error {r.slowest_error_s:.2f} s  "
+        f"failures {len(r.failures)}  {dict(sorted(r.outcomes.items()))}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -410,16 +475,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--twin", choices=("cython", "python"), default="cython")
     parser.add_argument("--transport", choices=("aiohttp", "client"), default="aiohttp")
-    parser.add_argument("--rss-growth-mib", type=float, default=32.0,
-                        help="fail if RSS grows more than this from round 2 to the last round")
+    parser.add_argument(
+        "--rss-growth-mib",
+        type=float,
+        default=32.0,
+        help="fail if RSS grows more than this from round 2 to the last round",
+    )
     parser.add_argument("--json", help="also write the reports to this file")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     reports = run(args.streams, args.rounds, seed=args.seed, twin=args.twin, log=sys.stdout, transport=args.transport)
     failures = [f for r in reports for f in r.failures]
     growth = reports[-1].rss_mib - reports[min(1, len(reports) - 1)].rss_mib
-    print(f"{args.rounds} rounds x {args.streams} streams ({args.twin}) in {time.perf_counter() - started:.1f} s; "
-          f"RSS per round {[r.rss_mib for r in reports]} MiB; growth after round 1: {growth:+.1f} MiB")
+    print(
+        f"{args.rounds} rounds x {args.streams} streams ({args.twin}) in {time.perf_counter() - started:.1f} s; "
+        f"RSS per round {[r.rss_mib for r in reports]} MiB; growth after round 1: {growth:+.1f} MiB"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump([asdict(r) for r in reports], f, indent=1)

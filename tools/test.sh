@@ -13,6 +13,7 @@ python3 -m venv .venv
 .venv/bin/python -P -c 'import fastaccum; assert fastaccum.IMPLEMENTATION == "cython"; print("fastaccum", fastaccum.__version__, fastaccum.IMPLEMENTATION)'
 .venv/bin/fastaccum demo  # the README's first command, as a newcomer runs it
 .venv/bin/mypy fastaccum python
+.venv/bin/ruff check . && .venv/bin/ruff format --check .
 .venv/bin/pytest
 .venv/bin/pytest benchmarks --benchmark-disable
 PYTHON="$PWD/.venv/bin/python" tests/fuzz/run_fuzz.sh 60

@@ -31,7 +31,6 @@ import os
 import random
 import re
 import sys
-from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -129,10 +128,18 @@ class _Mark:
 def summary(r: Any) -> tuple[Any, ...]:
     """A StreamResult in comparable form; NaN logprobs compare by their bytes."""
     return (
-        r.mode, _array(r.token_ids), _array(r.logprobs), r.text, canonical(r.finish_reason),
-        canonical(r.meta_info), r.completion_tokens,
-        _array(r.top_p_token_ids), _array(r.top_p_token_offsets), _array(r.routed_experts),
-        r.events, r.finished,
+        r.mode,
+        _array(r.token_ids),
+        _array(r.logprobs),
+        r.text,
+        canonical(r.finish_reason),
+        canonical(r.meta_info),
+        r.completion_tokens,
+        _array(r.top_p_token_ids),
+        _array(r.top_p_token_offsets),
+        _array(r.routed_experts),
+        r.events,
+        r.finished,
     )
 
 
@@ -180,7 +187,7 @@ def run_twin(impl: ModuleType, pieces: list[bytes], kwargs: dict[str, Any], meth
                 again()
             except StreamError as repeat:
                 if error_key(repeat) != error_key(exc):
-                    raise AssertionError(f"{impl.__name__}: a later call raised {repeat!r}, not {exc!r}")
+                    raise AssertionError(f"{impl.__name__}: a later call raised {repeat!r}, not {exc!r}") from None
             else:
                 raise AssertionError(f"{impl.__name__}: the error was not kept")
     else:
@@ -220,7 +227,9 @@ def check_input(data: bytes, twins: tuple[ModuleType, ModuleType] | None = None)
     reference = outcomes[0]
     for label, other in zip(("compiled twin", "compiled twin, one piece"), outcomes[1:]):
         if other != reference:
-            raise TwinMismatch(f"{label} disagrees with the pure twin:\n  py: {_short(reference)}\n  cy: {_short(other)}")
+            raise TwinMismatch(
+                f"{label} disagrees with the pure twin:\n  py: {_short(reference)}\n  cy: {_short(other)}"
+            )
 
 
 def _short(outcome: tuple[Any, ...]) -> str:
@@ -241,13 +250,50 @@ def load_twins() -> tuple[ModuleType, ModuleType]:
 # ---- structure-aware mutations ------------------------------------------------------------------
 
 _HOSTILE: tuple[Any, ...] = (
-    None, True, False, 0, -1, 1, 2**31, 2**31 - 1, 2**63, 2**64 - 1, 1.5, -0.0, 1e300, "", "x", "AAAA",
-    "AAA", "\u2028", "\ud83d\ude42", [], [[]], [0], [[0.0, 1, None]], {}, {"type": "abort"},
-    {"type": "stop", "matched": 1}, {"message": "m", "code": 500},
+    None,
+    True,
+    False,
+    0,
+    -1,
+    1,
+    2**31,
+    2**31 - 1,
+    2**63,
+    2**64 - 1,
+    1.5,
+    -0.0,
+    1e300,
+    "",
+    "x",
+    "AAAA",
+    "AAA",
+    "\u2028",
+    "\ud83d\ude42",
+    [],
+    [[]],
+    [0],
+    [[0.0, 1, None]],
+    {},
+    {"type": "abort"},
+    {"type": "stop", "matched": 1},
+    {"message": "m", "code": 500},
 )
 _LINE_ENDS = (b"\n", b"\r", b"\r\n")
-_INSERTS = (b": ping\n", b"event: x\n", b"id: 1\n", b"retry: 5\n", b"data\n", b"\xef\xbb\xbf", b"\n", b"\r",
-            b"data: [DONE]\n\n", b'data: {"error":"e"}\n\n', b"dat\n", b"data:", b"\x00")
+_INSERTS = (
+    b": ping\n",
+    b"event: x\n",
+    b"id: 1\n",
+    b"retry: 5\n",
+    b"data\n",
+    b"\xef\xbb\xbf",
+    b"\n",
+    b"\r",
+    b"data: [DONE]\n\n",
+    b'data: {"error":"e"}\n\n',
+    b"dat\n",
+    b"data:",
+    b"\x00",
+)
 _B64 = re.compile(rb'":"([A-Za-z0-9+/=]{2,})"')
 _NUMBER = re.compile(rb"-?\d+(\.\d+)?([eE][-+]?\d+)?")
 
@@ -286,7 +332,9 @@ def _hostile(rng: random.Random) -> Any:
         depth = rng.choice((10, 600, 1100))
         return orjson.Fragment(b"[" * depth + b"]" * depth)
     if choice == len(_HOSTILE) + 1:
-        return orjson.Fragment(rng.choice((b"NaN", b"Infinity", b"1e999", b'"\\ud800"', b'"\\u0000"', b"18446744073709551616")))
+        return orjson.Fragment(
+            rng.choice((b"NaN", b"Infinity", b"1e999", b'"\\ud800"', b'"\\u0000"', b"18446744073709551616"))
+        )
     return rng.randrange(-3, 300)
 
 

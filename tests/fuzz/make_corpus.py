@@ -18,8 +18,8 @@ import orjson
 
 from fastaccum.wire import (
     DONE,
-    chunk_encode,
     WireOptions,
+    chunk_encode,
     coalesce,
     echo_event,
     error_event,
@@ -54,47 +54,68 @@ def seeds() -> dict[str, bytes]:
     g = synthetic_generation("fz", 7, prompt_tokens=3, top_p=True, expert_shape=(2, 2), null_logprob_every=3)
     small = synthetic_generation("fz-s", 4, prompt_tokens=2)
 
-    for name, opts in (("inc", inc), ("cum", cum), ("inc-plain", plain_inc), ("cum-plain", plain_cum),
-                       ("inc-skip-tokenizer", skip)):
+    for name, opts in (
+        ("inc", inc),
+        ("cum", cum),
+        ("inc-plain", plain_inc),
+        ("cum-plain", plain_cum),
+        ("inc-skip-tokenizer", skip),
+    ):
         out[f"valid-{name}"] = header(AUTO) + stream_bytes(stream_events(small, opts))
     out["valid-inc-top-p-routed"] = header(INC | SHAPE, 2) + stream_bytes(stream_events(g, inc, interval=3))
     out["valid-cum-top-p-routed"] = header(CUM | SHAPE, 3) + stream_bytes(stream_events(g, cum, interval=2))
     out["streamed-inc-top-p-routed"] = header(INC | SHAPE | STREAMED, 2) + stream_bytes(
-        stream_events(g, inc, interval=3))
+        stream_events(g, inc, interval=3)
+    )
     out["streamed-cum-top-p-routed-pybase64"] = header(CUM | SHAPE | STREAMED | PYBASE64, 3) + stream_bytes(
-        stream_events(g, cum, interval=2))
+        stream_events(g, cum, interval=2)
+    )
     out["valid-cum-light-checked"] = header(CUM, 1) + stream_bytes(stream_events(small, cum))
     out["valid-cum-0.5.15"] = header(AUTO) + stream_bytes(
-        stream_events(small, WireOptions(version="0.5.15")), done=False)
+        stream_events(small, WireOptions(version="0.5.15")), done=False
+    )
     out["valid-limit"] = header(AUTO | LIMIT_4K, 2) + stream_bytes(stream_events(small, inc))
 
     # Framing variants of one valid stream.
     body = stream_bytes(stream_events(small, inc))
     out["frame-crlf"] = header(AUTO, 1) + body.replace(b"\n", b"\r\n")
     out["frame-cr"] = header(AUTO, 2) + body.replace(b"\n", b"\r")
-    out["frame-comments-bom"] = header(AUTO) + b"\xef\xbb\xbf: hi\nevent: x\nid: 1\n" + body.replace(
-        b"\n\n", b"\n: ping\nretry: 1\n\n")
-    out["frame-multiline"] = header(AUTO, 2) + b"".join(
-        b"data: " + orjson.dumps(e, option=orjson.OPT_INDENT_2).replace(b"\n", b"\ndata:") + b"\n\n"
-        for e in stream_events(small, inc)) + DONE
+    out["frame-comments-bom"] = (
+        header(AUTO) + b"\xef\xbb\xbf: hi\nevent: x\nid: 1\n" + body.replace(b"\n\n", b"\n: ping\nretry: 1\n\n")
+    )
+    out["frame-multiline"] = (
+        header(AUTO, 2)
+        + b"".join(
+            b"data: " + orjson.dumps(e, option=orjson.OPT_INDENT_2).replace(b"\n", b"\ndata:") + b"\n\n"
+            for e in stream_events(small, inc)
+        )
+        + DONE
+    )
     out["frame-no-space"] = header(AUTO) + body.replace(b"data: ", b"data:")
 
     # Echo chunks and coalescing (docs/wire-format.md, "The abort echo" and "Stream interval and
     # coalescing").
     for version in ("0.5.23", "0.5.15"):
-        for label, opts in (("inc", WireOptions(incremental=True, version=version)),
-                            ("cum", WireOptions(version=version))):
+        for label, opts in (
+            ("inc", WireOptions(incremental=True, version=version)),
+            ("cum", WireOptions(version=version)),
+        ):
             events = [normal_event(small, opts, 0, 1, first=True), echo_event(small, opts, 3)]
             out[f"echo-{label}-{version}"] = header(AUTO) + stream_bytes(events)
     inc_plain = WireOptions(incremental=True)
     deltas = [normal_event(small, inc_plain, 1, 2), echo_event(small, inc_plain, 2)]
     out["echo-coalesced"] = header(AUTO) + stream_bytes(
-        [normal_event(small, inc_plain, 0, 1, first=True), coalesce(deltas)])
+        [normal_event(small, inc_plain, 0, 1, first=True), coalesce(deltas)]
+    )
     out["coalesced-deltas"] = header(INC, 2) + stream_bytes(
-        [coalesce([normal_event(small, inc, 0, 1, first=True), normal_event(small, inc, 1, 3)]),
-         normal_event(small, inc, 3, 4, terminal=True)])
+        [
+            coalesce([normal_event(small, inc, 0, 1, first=True), normal_event(small, inc, 1, 3)]),
+            normal_event(small, inc, 3, 4, terminal=True),
+        ]
+    )
     out["zero-token-terminal"] = header(AUTO) + stream_bytes(
-        [normal_event(small, inc, 0, 4, first=True), normal_event(small, inc, 4, 4, terminal=True)])
+        [normal_event(small, inc, 0, 4, first=True), normal_event(small, inc, 4, 4, terminal=True)]
+    )
 
     # Errors the core must report.
     first = sse(normal_event(small, inc, 0, 1, first=True))
@@ -102,15 +123,18 @@ def seeds() -> dict[str, bytes]:
     out["error-string"] = header(AUTO) + b'data: {"error":"rid exists"}\n\n' + DONE
     out["early-done"] = header(AUTO) + first + DONE
     out["cut-mid-event"] = header(AUTO, 2) + first + sse(normal_event(small, inc, 1, 2))[:40]
-    out["not-json"] = header(AUTO) + first + b"data: {\"text\":\n\n"
+    out["not-json"] = header(AUTO) + first + b'data: {"text":\n\n'
     out["mode-mismatch"] = header(INC) + stream_bytes(stream_events(small, cum))
     out["length-decreases"] = header(CUM) + stream_bytes(list(stream_events(small, cum))[::-1])
-    out["top-p-bad-offsets"] = header(AUTO) + _edit_meta(normal_event(g, inc, 0, 7, terminal=True, first=True),
-                                                          top_p_token_offsets="AQAAAA==")
+    out["top-p-bad-offsets"] = header(AUTO) + _edit_meta(
+        normal_event(g, inc, 0, 7, terminal=True, first=True), top_p_token_offsets="AQAAAA=="
+    )
     out["routed-wrong-size"] = header(AUTO | SHAPE) + _edit_meta(
-        normal_event(g, inc, 0, 7, terminal=True, first=True), routed_experts="AAAAAAAAAAA=")
+        normal_event(g, inc, 0, 7, terminal=True, first=True), routed_experts="AAAAAAAAAAA="
+    )
     out["streamed-routed-bad-char"] = header(AUTO | SHAPE | STREAMED) + _edit_meta(
-        normal_event(g, inc, 0, 7, terminal=True, first=True), routed_experts="A" * 100 + "*" + "A" * 91)
+        normal_event(g, inc, 0, 7, terminal=True, first=True), routed_experts="A" * 100 + "*" + "A" * 91
+    )
     out["oversized"] = header(AUTO | LIMIT_4K) + b"data: " + b"x" * 5000 + b"\n\n"
     out["nesting"] = header(AUTO) + b"data: " + b"[" * 1100 + b"]" * 1100 + b"\n\n"
     out["surrogate"] = header(AUTO) + b'data: {"text":"\\ud800","output_ids":[],"meta_info":{}}\n\n'
@@ -120,7 +144,8 @@ def seeds() -> dict[str, bytes]:
     per_event = b"".join(chunk_encode(sse(e))[:-5] for e in stream_events(small, inc)) + chunk_encode(DONE)
     out["chunked-per-event"] = header(AUTO | CHUNKED, 2) + per_event
     out["chunked-cum-ext-trailers"] = header(CUM | CHUNKED, 1) + chunk_encode(
-        stream_bytes(stream_events(small, cum)), [5, 17, 1, 40], extension=b";n=v", trailers=b"X-T: 1\r\n")
+        stream_bytes(stream_events(small, cum)), [5, 17, 1, 40], extension=b";n=v", trailers=b"X-T: 1\r\n"
+    )
     out["chunked-bad-size"] = header(AUTO | CHUNKED) + chunk_encode(first)[:-5] + b"1g\r\n"
     out["chunked-data-after-end"] = header(AUTO | CHUNKED) + per_event + b"5\r\n"
 
@@ -130,7 +155,8 @@ def seeds() -> dict[str, bytes]:
     echo = echo_event(small, WireOptions(), 1)
     echo["meta_info"]["completion_tokens"] = 2**64 - 1
     out["bug-B3-echo-huge-total"] = header(AUTO) + stream_bytes(
-        [normal_event(small, WireOptions(), 0, 1, first=True), echo])
+        [normal_event(small, WireOptions(), 0, 1, first=True), echo]
+    )
     return out
 
 

@@ -232,8 +232,9 @@ class Wiring:
 def wired(env: SlimeEnv, emulator: Emulator) -> Iterator[Wiring]:
     env.reset()
     # slime's RolloutManager creates the shared httpx client before any rollout.
-    env.http_utils.init_http_client(SimpleNamespace(rollout_num_engines=1, sglang_server_concurrency=8,
-                                                    use_distributed_post=False))
+    env.http_utils.init_http_client(
+        SimpleNamespace(rollout_num_engines=1, sglang_server_concurrency=8, use_distributed_post=False)
+    )
     wiring = Wiring(emulator)
     patch = pytest.MonkeyPatch()
     patch.setattr(fs, "_new_rid", wiring.rid)
@@ -247,21 +248,48 @@ def wired(env: SlimeEnv, emulator: Emulator) -> Iterator[Wiring]:
 
 def make_args(emulator: Emulator, **overrides: Any) -> SimpleNamespace:
     args = SimpleNamespace(
-        hf_checkpoint="fake-model", sglang_router_ip=emulator.host, sglang_router_port=emulator.port,
-        sglang_server_concurrency=8, rollout_num_engines=1, rollout_num_gpus=1, rollout_num_gpus_per_engine=1,
-        sglang_dp_size=None, use_distributed_post=False,
-        rollout_temperature=1.0, rollout_top_p=1.0, rollout_top_k=-1, rollout_max_response_len=40,
-        rollout_stop=None, rollout_stop_token_ids=None, rollout_skip_special_tokens=False, rollout_seed=0,
-        sglang_enable_deterministic_inference=False, ci_test=False,
-        partial_rollout=False, mask_offpolicy_in_partial_rollout=False, group_rm=False,
+        hf_checkpoint="fake-model",
+        sglang_router_ip=emulator.host,
+        sglang_router_port=emulator.port,
+        sglang_server_concurrency=8,
+        rollout_num_engines=1,
+        rollout_num_gpus=1,
+        rollout_num_gpus_per_engine=1,
+        sglang_dp_size=None,
+        use_distributed_post=False,
+        rollout_temperature=1.0,
+        rollout_top_p=1.0,
+        rollout_top_k=-1,
+        rollout_max_response_len=40,
+        rollout_stop=None,
+        rollout_stop_token_ids=None,
+        rollout_skip_special_tokens=False,
+        rollout_seed=0,
+        sglang_enable_deterministic_inference=False,
+        ci_test=False,
+        partial_rollout=False,
+        mask_offpolicy_in_partial_rollout=False,
+        group_rm=False,
         custom_generate_function_path="fastaccum.slime.generate",
-        custom_rm_path="fastaccum_slime_harness.count_reward", rm_type=None, reward_key=None,
-        rollout_global_dataset=True, rollout_batch_size=1, n_samples_per_prompt=1, over_sampling_batch_size=1,
-        dynamic_sampling_filter_path=None, rollout_sample_filter_path=None, rollout_all_samples_process_path=None,
-        rollout_sample_hook_path=None, buffer_filter_path=None,
-        use_rollout_routing_replay=False, num_layers=emulator.expert_shape[0], moe_router_topk=emulator.expert_shape[1],
-        router_policy=None, sglang_incremental_streaming_output=emulator.incremental_streaming_output,
-        fastaccum_idle_timeout=5.0, fastaccum_idle_poll_interval=0.02,
+        custom_rm_path="fastaccum_slime_harness.count_reward",
+        rm_type=None,
+        reward_key=None,
+        rollout_global_dataset=True,
+        rollout_batch_size=1,
+        n_samples_per_prompt=1,
+        over_sampling_batch_size=1,
+        dynamic_sampling_filter_path=None,
+        rollout_sample_filter_path=None,
+        rollout_all_samples_process_path=None,
+        rollout_sample_hook_path=None,
+        buffer_filter_path=None,
+        use_rollout_routing_replay=False,
+        num_layers=emulator.expert_shape[0],
+        moe_router_topk=emulator.expert_shape[1],
+        router_policy=None,
+        sglang_incremental_streaming_output=emulator.incremental_streaming_output,
+        fastaccum_idle_timeout=5.0,
+        fastaccum_idle_poll_interval=0.02,
     )
     for key, value in overrides.items():
         setattr(args, key, value)
@@ -317,8 +345,9 @@ def prompt_ids() -> list[int]:
 
 
 def expected(emulator: Emulator, rid: str, n: int, *, prompt_tokens: int | None = None, **kwargs: Any) -> Any:
-    return emulator.expected(rid, n, prompt_tokens=len(prompt_ids()) if prompt_tokens is None else prompt_tokens,
-                             **kwargs)
+    return emulator.expected(
+        rid, n, prompt_tokens=len(prompt_ids()) if prompt_tokens is None else prompt_tokens, **kwargs
+    )
 
 
 def assert_call(sample: Any, emulator: Emulator, rid: str, start: int, n: int, prompt_tokens: int) -> None:
@@ -331,8 +360,10 @@ def assert_call(sample: Any, emulator: Emulator, rid: str, start: int, n: int, p
 
 # ---- scenarios ---------------------------------------------------------------------------------
 def scenario_stream_modes(env: SlimeEnv, incremental: bool, interval: int) -> None:
-    with emulator_thread(incremental_streaming_output=incremental, stream_interval=interval) as emu, \
-            wired(env, emu) as wiring:
+    with (
+        emulator_thread(incremental_streaming_output=incremental, stream_interval=interval) as emu,
+        wired(env, emu) as wiring,
+    ):
         args = make_args(emu, rollout_max_response_len=100)
         wiring.plans["s001a00"] = {"stop_at": 7}
 
@@ -358,8 +389,12 @@ def scenario_stream_modes(env: SlimeEnv, incremental: bool, interval: int) -> No
 
 
 def scenario_routed_experts_and_top_p(env: SlimeEnv, incremental: bool) -> None:
-    with emulator_thread(incremental_streaming_output=incremental, stream_interval=5,
-                         enable_return_routed_experts=True) as emu, wired(env, emu) as wiring:
+    with (
+        emulator_thread(
+            incremental_streaming_output=incremental, stream_interval=5, enable_return_routed_experts=True
+        ) as emu,
+        wired(env, emu) as wiring,
+    ):
         args = make_args(emu, use_rollout_routing_replay=True, rollout_top_p=0.9, rollout_max_response_len=30)
         sample = env.run(fs.generate(args, new_sample(env), sampling_params(env, args)))
         gen = expected(emu, "s000a00", 30, top_p=True, routed_experts=True)
@@ -401,8 +436,12 @@ def assert_kept_what_was_sent(sample: Any, emulator: Emulator, rid: str, start: 
 def scenario_deliberate_cancel_then_resume(env: SlimeEnv, incremental: bool) -> None:
     """request_abort keeps the observed prefix (ABORTED); the resume adds no duplicated token and
     recomputes routing for the whole sequence (no routed_experts_start_len)."""
-    with emulator_thread(incremental_streaming_output=incremental, token_rate=400,
-                         enable_return_routed_experts=True) as emu, wired(env, emu) as wiring:
+    with (
+        emulator_thread(
+            incremental_streaming_output=incremental, token_rate=400, enable_return_routed_experts=True
+        ) as emu,
+        wired(env, emu) as wiring,
+    ):
         args = make_args(emu, use_rollout_routing_replay=True, rollout_max_response_len=2000, partial_rollout=True)
         sample = new_sample(env)
         wiring.plans["s000a01"] = {"stop_at": 5}
@@ -477,8 +516,10 @@ def scenario_unrelated_cancellation_propagates(env: SlimeEnv) -> None:
 def scenario_server_abort_commits_terminal(env: SlimeEnv, incremental: bool) -> None:
     """SGLang's abort_all ends a running stream with a terminal abort chunk and a queued one with
     the echo chunk: both are terminal events, committed like any other."""
-    with emulator_thread(incremental_streaming_output=incremental, token_rate=400, max_running_requests=1) as emu, \
-            wired(env, emu):
+    with (
+        emulator_thread(incremental_streaming_output=incremental, token_rate=400, max_running_requests=1) as emu,
+        wired(env, emu),
+    ):
         args = make_args(emu, rollout_max_response_len=2000)
         running, queued = new_sample(env, 0), new_sample(env, 1)
 
@@ -514,12 +555,20 @@ def scenario_errors_fail_closed(env: SlimeEnv) -> None:
             assert sample.response_length == 0 and sample.status == env.Sample.Status.PENDING
     # Terminal results fastaccum refuses to commit: an abort with a status code, an unknown finish
     # type, a null logprob.
-    base = StreamResult(mode="cumulative", token_ids=np.array([5, 6], np.int32), logprobs=np.array([-0.1, -0.2]),
-                        text="ab", meta_info={})
+    base = StreamResult(
+        mode="cumulative",
+        token_ids=np.array([5, 6], np.int32),
+        logprobs=np.array([-0.1, -0.2]),
+        text="ab",
+        meta_info={},
+    )
     bad = [
         (dataclasses.replace(base, finish_reason={"type": "abort", "status_code": 400, "message": "bad"}), ServerError),
         (dataclasses.replace(base, finish_reason={"type": "weird"}), StreamFormatError),
-        (dataclasses.replace(base, finish_reason={"type": "stop"}, logprobs=np.array([-0.1, np.nan])), StreamFormatError),
+        (
+            dataclasses.replace(base, finish_reason={"type": "stop"}, logprobs=np.array([-0.1, np.nan])),
+            StreamFormatError,
+        ),
     ]
     for result, error in bad:
         sample = new_sample(env)
@@ -567,13 +616,15 @@ def scenario_text_decoded_once_without_tokenizer_text(env: SlimeEnv, incremental
         before = FakeTokenizer.decodes
         sample = env.run(fs.generate(args, new_sample(env), sampling_params(env, args)))
         assert FakeTokenizer.decodes == before + 1
-        assert sample.response == FakeTokenizer().decode(sample.tokens[len(prompt_ids()):])
+        assert sample.response == FakeTokenizer().decode(sample.tokens[len(prompt_ids()) :])
 
 
 def scenario_mode_check(env: SlimeEnv) -> None:
     with emulator_thread(incremental_streaming_output=True) as emu, wired(env, emu):
         args = make_args(emu, sglang_incremental_streaming_output=False)
-        with pytest.raises(ValueError, match=r"--sglang-incremental-streaming-output off.*--incremental-streaming-output on"):
+        with pytest.raises(
+            ValueError, match=r"--sglang-incremental-streaming-output off.*--incremental-streaming-output on"
+        ):
             env.run(fs.generate(args, new_sample(env), sampling_params(env, args)))
         data_source = BufferedPrompts(env, args)
         with pytest.raises(ValueError, match="sglang-incremental-streaming-output"):
@@ -606,14 +657,30 @@ def scenario_mixed_group_abort_buffer_resume(env: SlimeEnv) -> None:
     whole, only the aborted siblings resume, nothing is duplicated, each reward is computed once;
     a group with no observed prefix is dropped."""
     with emulator_thread(token_rate=400) as emu, wired(env, emu) as wiring:
-        args = make_args(emu, partial_rollout=True, rollout_batch_size=1, n_samples_per_prompt=3,
-                         over_sampling_batch_size=3, rollout_max_response_len=3000, test_reward_delay=0.1)
+        args = make_args(
+            emu,
+            partial_rollout=True,
+            rollout_batch_size=1,
+            n_samples_per_prompt=3,
+            over_sampling_batch_size=3,
+            rollout_max_response_len=3000,
+            test_reward_delay=0.1,
+        )
         stall = {"fault": {"kind": "stall", "at": 0, "seconds": 30}}
         # rollout 0: group 0 (samples 0-2) finishes; group 1 = {3: completes, 4: long, 5: stalled};
         # group 2 (6-8) is stalled before its first event (no prefix anywhere).
-        wiring.plans.update({"s000a00": {"stop_at": 3}, "s001a00": {"stop_at": 3}, "s002a00": {"stop_at": 3},
-                             "s003a00": {"stop_at": 2}, "s005a00": stall,
-                             "s006a00": stall, "s007a00": stall, "s008a00": stall})
+        wiring.plans.update(
+            {
+                "s000a00": {"stop_at": 3},
+                "s001a00": {"stop_at": 3},
+                "s002a00": {"stop_at": 3},
+                "s003a00": {"stop_at": 2},
+                "s005a00": stall,
+                "s006a00": stall,
+                "s007a00": stall,
+                "s008a00": stall,
+            }
+        )
         source = BufferedPrompts(env, args)
         first = fs.generate_rollout(args, 0, source)
         assert [s.index for s in first.samples[0]] == [0, 1, 2]
@@ -663,8 +730,12 @@ def scenario_idle_wait_and_fallback(env: SlimeEnv) -> None:
 
         async def main() -> tuple[int, int]:
             async with aiohttp.ClientSession() as session:
-                body = {"input_ids": [1, 2, 3], "rid": "zombie-1", "sampling_params": {"max_new_tokens": 100_000},
-                        "stream": True}
+                body = {
+                    "input_ids": [1, 2, 3],
+                    "rid": "zombie-1",
+                    "sampling_params": {"max_new_tokens": 100_000},
+                    "stream": True,
+                }
                 zombie = await session.post(emu.url + "/generate", json=body)
                 await wait_until(lambda: emu.running == 1)
                 task = await _start_and_wait(emu, generate_and_rm(env, args, new_sample(env)), 5)
@@ -720,7 +791,7 @@ def scenario_top_p_falls_back_to_server_abort(env: SlimeEnv) -> None:
         offsets = sample.rollout_top_p_token_offsets
         assert len(offsets) == k + 4 and int(offsets[-1]) == len(sample.rollout_top_p_token_ids)
         rows = expected(emu, "s000a01", 3, prompt_tokens=len(prompt_ids()) + k, top_p=True).top_p_rows
-        assert sample.rollout_top_p_token_ids[int(offsets[k]):].tolist() == [t for r in rows for t in r]
+        assert sample.rollout_top_p_token_ids[int(offsets[k]) :].tolist() == [t for r in rows for t in r]
 
 
 def scenario_sample_fidelity(env: SlimeEnv) -> None:
@@ -732,41 +803,61 @@ def scenario_sample_fidelity(env: SlimeEnv) -> None:
         s.append_response_tokens(args, tokens=[3], log_probs=[0.1, 0.2])
     with pytest.raises(ValueError, match="require rollout log probabilities"):
         s.append_response_tokens(args, tokens=[3])
-    s.append_response_tokens(args, tokens=np.array([3, 4]).tolist(), log_probs=[-0.5, -0.25], text="x",
-                             meta_info=None, update_terminal_info=False)
-    assert (s.tokens, s.response, s.response_length, s.loss_mask, s.status) == ([1, 2, 3, 4], "x", 2, [1, 1],
-                                                                                S.Status.PENDING)
+    s.append_response_tokens(
+        args,
+        tokens=np.array([3, 4]).tolist(),
+        log_probs=[-0.5, -0.25],
+        text="x",
+        meta_info=None,
+        update_terminal_info=False,
+    )
+    assert (s.tokens, s.response, s.response_length, s.loss_mask, s.status) == (
+        [1, 2, 3, 4],
+        "x",
+        2,
+        [1, 1],
+        S.Status.PENDING,
+    )
     with pytest.raises(TypeError):
         s.append_response_tokens(args, tokens=[], log_probs=[], meta_info={"finish_reason": None})
     s.append_response_tokens(args, tokens=[5], log_probs=[-1.0], meta_info={"finish_reason": {"type": "weird"}})
     assert s.status == S.Status.PENDING  # unknown types keep the status
     for kind, status in (("stop", S.Status.COMPLETED), ("length", S.Status.TRUNCATED), ("abort", S.Status.ABORTED)):
         t = S(tokens=[1])
-        t.append_response_tokens(args, tokens=[2], log_probs=[-1.0], meta_info={"finish_reason": {"type": kind},
-                                                                                 "weight_version": "w3"})
+        t.append_response_tokens(
+            args, tokens=[2], log_probs=[-1.0], meta_info={"finish_reason": {"type": kind}, "weight_version": "w3"}
+        )
         assert t.status == status and t.weight_versions == ["w3"]
     # top-p: rows for all call tokens, as int32 arrays; a partial CSR is refused
     t = S(tokens=[1])
     ids, offsets = np.array([7, 8, 9], np.int32), np.array([0, 1, 3], np.int32)
-    t.append_response_tokens(args, tokens=[2, 3], log_probs=[-1.0, -1.0],
-                             meta_info={"top_p_token_ids": ids, "top_p_token_offsets": offsets})
+    t.append_response_tokens(
+        args, tokens=[2, 3], log_probs=[-1.0, -1.0], meta_info={"top_p_token_ids": ids, "top_p_token_offsets": offsets}
+    )
     assert t.rollout_top_p_token_offsets.dtype == torch.int32 and t.rollout_top_p_token_ids.tolist() == [7, 8, 9]
     with pytest.raises(ValueError, match="generated token count"):
-        t.append_response_tokens(args, tokens=[4, 5], log_probs=[-1.0, -1.0],
-                                 meta_info={"top_p_token_ids": ids[:1], "top_p_token_offsets": offsets[:2]})
+        t.append_response_tokens(
+            args,
+            tokens=[4, 5],
+            log_probs=[-1.0, -1.0],
+            meta_info={"top_p_token_ids": ids[:1], "top_p_token_offsets": offsets[:2]},
+        )
     with pytest.raises(ValueError, match="response_length"):  # a prefix without rows on a CSR sample
         t.append_response_tokens(args, tokens=[6], log_probs=[-1.0])
     # routed experts: rows == len(tokens) - 1, overwritten with start_len 0
     r = S(tokens=[1, 2, 3])
-    r.append_response_tokens(args, tokens=[4], log_probs=[-1.0],
-                             meta_info={"routed_experts": np.arange(6, dtype=np.int32)})
+    r.append_response_tokens(
+        args, tokens=[4], log_probs=[-1.0], meta_info={"routed_experts": np.arange(6, dtype=np.int32)}
+    )
     assert tuple(r.rollout_routed_experts.shape) == (3, 2, 1)
-    r.append_response_tokens(args, tokens=[5], log_probs=[-1.0],
-                             meta_info={"routed_experts": np.arange(8, dtype=np.int32)})
+    r.append_response_tokens(
+        args, tokens=[5], log_probs=[-1.0], meta_info={"routed_experts": np.arange(8, dtype=np.int32)}
+    )
     assert tuple(r.rollout_routed_experts.shape) == (4, 2, 1)
     with pytest.raises(ValueError, match="routed_experts element count"):
-        r.append_response_tokens(args, tokens=[6], log_probs=[-1.0],
-                                 meta_info={"routed_experts": np.arange(4, dtype=np.int32)})
+        r.append_response_tokens(
+            args, tokens=[6], log_probs=[-1.0], meta_info={"routed_experts": np.arange(4, dtype=np.int32)}
+        )
 
 
 def scenario_signatures(env: SlimeEnv) -> None:
@@ -783,8 +874,9 @@ def scenario_signatures(env: SlimeEnv) -> None:
 
 async def foreign_generate(args: Any, sample: Any, sampling_params: dict[str, Any]) -> Any:
     """A generate function that is not request-abortable (no ``abort_mode``)."""
-    sample.append_response_tokens(args, tokens=[7], log_probs=[-0.5], text="x",
-                                  meta_info={"finish_reason": {"type": "stop"}})
+    sample.append_response_tokens(
+        args, tokens=[7], log_probs=[-0.5], text="x", meta_info={"finish_reason": {"type": "stop"}}
+    )
     return sample
 
 
@@ -816,8 +908,12 @@ def scenario_slime_abort_keeps_prefix(env: SlimeEnv, incremental: bool) -> None:
     """slime's own abort (no fastaccum rollout function) keeps the prefix on both lines: stock
     slime aborts server-wide and the terminal abort chunk is committed; slime with request-level
     abort cancels the sample's task and generate commits the prefix before the cancel leaves it."""
-    with emulator_thread(incremental_streaming_output=incremental, token_rate=400,
-                         enable_return_routed_experts=True) as emu, wired(env, emu):
+    with (
+        emulator_thread(
+            incremental_streaming_output=incremental, token_rate=400, enable_return_routed_experts=True
+        ) as emu,
+        wired(env, emu),
+    ):
         args = make_args(emu, use_rollout_routing_replay=True, rollout_max_response_len=2000, partial_rollout=True)
         env.http_utils.init_http_client(args)
         sample = new_sample(env)
@@ -944,30 +1040,45 @@ def scenario_in_tree_pitfalls(env: SlimeEnv, case: str, incremental: bool) -> No
 
 # (name, function, parameter sets): both test tiers run exactly this list.
 SCENARIOS: list[tuple[str, Any, list[dict[str, Any]]]] = [
-    ("stream_modes", scenario_stream_modes,
-     [{"incremental": inc, "interval": iv} for inc in (False, True) for iv in (1, 20, 64)]),
+    (
+        "stream_modes",
+        scenario_stream_modes,
+        [{"incremental": inc, "interval": iv} for inc in (False, True) for iv in (1, 20, 64)],
+    ),
     ("routed_experts_and_top_p", scenario_routed_experts_and_top_p, [{"incremental": False}, {"incremental": True}]),
-    ("deliberate_cancel_then_resume", scenario_deliberate_cancel_then_resume,
-     [{"incremental": False}, {"incremental": True}]),
+    (
+        "deliberate_cancel_then_resume",
+        scenario_deliberate_cancel_then_resume,
+        [{"incremental": False}, {"incremental": True}],
+    ),
     ("slime_abort_keeps_prefix", scenario_slime_abort_keeps_prefix, [{"incremental": False}, {"incremental": True}]),
     ("abort_after_terminal_keeps_result", scenario_abort_after_terminal_keeps_result, [{}]),
     ("unrelated_cancellation_propagates", scenario_unrelated_cancellation_propagates, [{}]),
-    ("server_abort_commits_terminal", scenario_server_abort_commits_terminal,
-     [{"incremental": False}, {"incremental": True}]),
+    (
+        "server_abort_commits_terminal",
+        scenario_server_abort_commits_terminal,
+        [{"incremental": False}, {"incremental": True}],
+    ),
     ("errors_fail_closed", scenario_errors_fail_closed, [{}]),
     ("register_then_check", scenario_register_then_check, [{}]),
     ("budget_and_headers", scenario_budget_and_headers, [{}]),
-    ("text_decoded_once", scenario_text_decoded_once_without_tokenizer_text,
-     [{"incremental": False}, {"incremental": True}]),
+    (
+        "text_decoded_once",
+        scenario_text_decoded_once_without_tokenizer_text,
+        [{"incremental": False}, {"incremental": True}],
+    ),
     ("mode_check", scenario_mode_check, [{}]),
     ("evaluation_delegates", scenario_evaluation_delegates, [{}]),
     ("mixed_group_abort_buffer_resume", scenario_mixed_group_abort_buffer_resume, [{}]),
     ("idle_wait_and_fallback", scenario_idle_wait_and_fallback, [{}]),
     ("top_p_falls_back_to_server_abort", scenario_top_p_falls_back_to_server_abort, [{}]),
     ("foreign_generate_keeps_stock_abort", scenario_foreign_generate_keeps_stock_abort, [{}]),
-    ("in_tree_pitfalls", scenario_in_tree_pitfalls,
-     [{"case": c, "incremental": inc} for c in ("line_separator", "no_logprobs_length") for inc in (False, True)]
-     + [{"case": "echo", "incremental": True}]),
+    (
+        "in_tree_pitfalls",
+        scenario_in_tree_pitfalls,
+        [{"case": c, "incremental": inc} for c in ("line_separator", "no_logprobs_length") for inc in (False, True)]
+        + [{"case": "echo", "incremental": True}],
+    ),
     ("sample_fidelity", scenario_sample_fidelity, [{}]),
     ("signatures", scenario_signatures, [{}]),
 ]

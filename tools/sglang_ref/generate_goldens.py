@@ -84,10 +84,14 @@ class ToyTokenizer:
     def _piece(self, token_id: int) -> str:
         return wire.TEXT_PIECES[int(token_id) % len(wire.TEXT_PIECES)]
 
-    def decode(self, ids: Any, skip_special_tokens: bool = False, spaces_between_special_tokens: bool = True, **_: Any) -> str:
+    def decode(
+        self, ids: Any, skip_special_tokens: bool = False, spaces_between_special_tokens: bool = True, **_: Any
+    ) -> str:
         return "".join(self._piece(t) for t in ids)
 
-    def batch_decode(self, batch: Any, skip_special_tokens: bool = False, spaces_between_special_tokens: bool = True, **_: Any) -> list[str]:
+    def batch_decode(
+        self, batch: Any, skip_special_tokens: bool = False, spaces_between_special_tokens: bool = True, **_: Any
+    ) -> list[str]:
         return [self.decode(ids) for ids in batch]
 
 
@@ -202,7 +206,9 @@ class Sglang:
             return None
         return compute_weight_version_spans([], current_version=self.weight_version(), num_output_tokens=n)
 
-    def token_batch(self, sc: Scenario, gen: Any, rid: str, prompt_ids: list[int], start: int, end: int, finish: dict | None) -> Any:
+    def token_batch(
+        self, sc: Scenario, gen: Any, rid: str, prompt_ids: list[int], start: int, end: int, finish: dict | None
+    ) -> Any:
         """The BatchTokenIDOutput the scheduler sends when ids [start, end) go out."""
         import torch
 
@@ -390,7 +396,9 @@ async def run_scenario(sg: Sglang, sc: Scenario) -> tuple[bytes, dict[str, Any]]
             async for out in stream:  # the stream ends after the terminal chunk
                 yield out
 
-    http_server.set_global_state(http_server._GlobalState(tokenizer_manager=FakeTokenizerManager(), template_manager=None, scheduler_info={}))
+    http_server.set_global_state(
+        http_server._GlobalState(tokenizer_manager=FakeTokenizerManager(), template_manager=None, scheduler_info={})
+    )
     body: dict[str, Any] = {
         "input_ids": prompt_ids,
         "rid": rid,
@@ -471,7 +479,15 @@ async def asgi_post(app: Any, path: str, body: bytes) -> tuple[int, dict[bytes, 
     return status, headers, chunks, cut
 
 
-def manifest_entry(sc: Scenario, gen: Any, finish: dict | None, points: list[int], body: dict[str, Any], cut: str | None, delivered: int) -> dict[str, Any]:
+def manifest_entry(
+    sc: Scenario,
+    gen: Any,
+    finish: dict | None,
+    points: list[int],
+    body: dict[str, Any],
+    cut: str | None,
+    delivered: int,
+) -> dict[str, Any]:
     """What the stream must parse to, computed from the token source and the scenario alone."""
     held = (points[-1] if points else 0) if sc.kind == "echo" else sc.n
     token_ids = list(gen.token_ids[:held])
@@ -518,7 +534,12 @@ def manifest_entry(sc: Scenario, gen: Any, finish: dict | None, points: list[int
             "expert_shape": list(sc.experts) if sc.experts else None,
             "null_logprob_every": sc.null_logprob_every,
         },
-        "scheduler": {"step_tokens": sc.step_tokens, "emission_points": points, "drain_every": sc.drain_every, "kind": sc.kind},
+        "scheduler": {
+            "step_tokens": sc.step_tokens,
+            "emission_points": points,
+            "drain_every": sc.drain_every,
+            "kind": sc.kind,
+        },
         "expect": expect,
         "emulator_comparable": sc.emulator_comparable,
     }

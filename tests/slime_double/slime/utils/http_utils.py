@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, Optional
+from typing import Any
 
 import httpx
 
@@ -16,7 +16,7 @@ POST_ATTEMPTS = 60
 POST_RETRY_DELAY_SECONDS = 1.0
 
 # Set once by init_http_client; the tests close and clear it between environments.
-_http_client: Optional[httpx.AsyncClient] = None
+_http_client: httpx.AsyncClient | None = None
 
 
 def get_rollout_num_engines(args: Any) -> int:

@@ -7,9 +7,10 @@ reproducing the documented rules: the same validations, error cases and status m
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -67,7 +68,9 @@ def _checked_segment(tokens: Any, log_probs: Any, trainable: bool) -> tuple[list
         return ids, lps
     if trainable:
         if lps is None:
-            raise ValueError(f"{len(ids)} trainable tokens given without log_probs: they require rollout log probabilities")
+            raise ValueError(
+                f"{len(ids)} trainable tokens given without log_probs: they require rollout log probabilities"
+            )
         return ids, lps
     if lps is not None:
         raise ValueError("log_probs were given for non-trainable response tokens; pass none for them")

@@ -19,7 +19,7 @@ class _Placeholder:
     def __init__(self, name: str) -> None:
         self._name = name
 
-    def __getattr__(self, attr: str) -> "_Placeholder":
+    def __getattr__(self, attr: str) -> _Placeholder:
         return _Placeholder(f"{self._name}.{attr}")
 
     def __call__(self, *args: object, **kwargs: object) -> object:
