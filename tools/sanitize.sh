@@ -84,7 +84,7 @@ if [ "$RUN_ASAN" = 1 ]; then
         tests/test_framing.py tests/test_malformed.py tests/test_modes.py tests/test_text.py tests/test_top_p.py \
         tests/test_routed_experts.py tests/test_echo_and_coalesce.py tests/test_differential.py tests/test_api.py \
         tests/test_bad_inputs.py tests/test_fuzz_corpus.py tests/test_streamed_base64.py \
-        tests/test_scanner_equivalence.py tests/test_chunked.py -k "not python" >"$log" 2>        tests/test_scanner_equivalence.py -k "not python" >"$log" 2>&11
+        tests/test_scanner_equivalence.py tests/test_chunked.py -k "not python" >"$log" 2>&1
     rc=$?
     set -e
     tail -3 "$log"
