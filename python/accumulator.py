@@ -125,11 +125,7 @@ class StreamAccumulator:
         """Frame and apply ``data``; return the number of events it completed ([DONE] included)."""
         if self._error is not None or self._result is not None or not isinstance(data, (bytes, bytearray, memoryview)):
             raise refused_feed(data, self._error, self._result is not None)
-        try:
-            return self._framer.feed(bytes(data), self._dispatch)
-        except StreamError as exc:
-            self._error = exc
-            raise
+        return self._feed(bytes(data), None)
 
     def feed_chunked(self, data: bytes | bytearray | memoryview, /) -> int:
         """Like ``feed()``, for the body of an HTTP/1.1 response with ``Transfer-Encoding:
@@ -139,8 +135,15 @@ class StreamAccumulator:
             raise refused_feed(data, self._error, self._result is not None, "feed_chunked")
         if self._chunks is None:
             self._chunks = ChunkedDecoder()
+        return self._feed(bytes(data), self._chunks)
+
+    def _feed(self, data: bytes, chunks: ChunkedDecoder | None) -> int:
+        """One read, framed and applied (de-chunked first when ``chunks`` is given); the first
+        error is kept."""
         try:
-            return self._chunks.feed(bytes(data), self._framer, self._dispatch)
+            if chunks is None:
+                return self._framer.feed(data, self._dispatch)
+            return chunks.feed(data, self._framer, self._dispatch)
         except StreamError as exc:
             self._error = exc
             raise

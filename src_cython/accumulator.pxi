@@ -150,43 +150,36 @@ cdef class StreamAccumulator(EventSink):
 
     def feed(self, data, /):
         """Frame and apply ``data``; return the number of events it completed ([DONE] included)."""
-        cdef Py_buffer view
         if self._error is not None or self._result is not None or not isinstance(data, (bytes, bytearray, memoryview)):
             raise refused_feed(data, self._error, self._result is not None)
-        if isinstance(data, memoryview) and not data.c_contiguous:
-            data = bytes(data)
-        PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
-        try:
-            return self._framer.feed(<const unsigned char*>view.buf, view.len)
-        except StreamError as exc:
-            self._error = exc
-            raise
-        finally:
-            if self._meta_in_piece != NULL:
-                self._lazy_meta = PyBytes_FromStringAndSize(<const char*>self._meta_in_piece,
-                                                            self._meta_in_piece_len)
-                self._meta_in_piece = NULL
-            PyBuffer_Release(&view)
+        return self._feed(data, None)
 
     def feed_chunked(self, data, /):
         """Like ``feed()``, for the body of an HTTP/1.1 response with ``Transfer-Encoding:
         chunked``: undo the chunked framing, then frame and apply; ``chunked_ended`` tells when
         the last chunk has been read. Do not mix with ``feed()`` on one accumulator."""
-        cdef Py_buffer view
         if self._error is not None or self._result is not None or not isinstance(data, (bytes, bytearray, memoryview)):
             raise refused_feed(data, self._error, self._result is not None, "feed_chunked")
         if self._chunks is None:
             self._chunks = ChunkedDecoder()
+        return self._feed(data, self._chunks)
+
+    cdef Py_ssize_t _feed(self, object data, ChunkedDecoder chunks) except -1:
+        """One read, framed and applied (de-chunked first when ``chunks`` is given); the first
+        error is kept."""
+        cdef Py_buffer view
         if isinstance(data, memoryview) and not data.c_contiguous:
             data = bytes(data)
         PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
         try:
-            return self._chunks.feed(self._framer, <const unsigned char*>view.buf, view.len)
+            if chunks is None:
+                return self._framer.feed(<const unsigned char*>view.buf, view.len)
+            return chunks.feed(self._framer, <const unsigned char*>view.buf, view.len)
         except StreamError as exc:
             self._error = exc
             raise
         finally:
-            if self._meta_in_piece != NULL:  # events of several chunks point into this one read
+            if self._meta_in_piece != NULL:  # events (of one or several chunks) point into this read
                 self._lazy_meta = PyBytes_FromStringAndSize(<const char*>self._meta_in_piece,
                                                             self._meta_in_piece_len)
                 self._meta_in_piece = NULL
