@@ -6,8 +6,9 @@ Enable it with slime's own flags (docs/slime.md)::
     --rollout-function-path fastaccum.slime.generate_rollout      # request-level abort
     [--sglang-incremental-streaming-output]                       # must match the servers
 
-``generate`` streams one ``/generate`` request per call through ``GenerateStream`` and commits onto
-the ``Sample`` once: at the terminal event, or with the observed prefix when a rollout abort cut
+``generate`` streams one ``/generate`` request per call through ``fastaccum.Client`` (or, with
+``fastaccum_transport: aiohttp``, ``GenerateStream`` on an aiohttp session) and commits onto the
+``Sample`` once: at the terminal event, or with the observed prefix when a rollout abort cut
 it. Every other cancellation propagates and every stream error raises, with nothing committed, so a
 rollout never trains on a silently cut sample.
 
@@ -41,9 +42,10 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from fastaccum.client import STREAM_TIMEOUT, GenerateStream
+from fastaccum.client import STREAM_TIMEOUT, GenerateStream, StreamConsumer
 from fastaccum.errors import ServerError, StreamFormatError
 from fastaccum.result import StreamResult
+from fastaccum.transport import DEFAULT_COALESCE_MS, Client
 
 __all__ = ("generate", "generate_rollout", "request_abort")
 
@@ -98,6 +100,8 @@ class _Settings:
 
     stream_mode: str  # "cumulative" | "incremental" | "auto"
     abort_mode: str  # "request" | "server"
+    transport: str  # "client" | "aiohttp"
+    coalesce_ms: float
     idle_timeout: float
     idle_poll_interval: float
     read_timeout: float | None
@@ -118,11 +122,20 @@ class _Settings:
         abort_mode = getattr(args, "fastaccum_abort_mode", None) or "request"
         if abort_mode not in ("request", "server"):
             raise ValueError(f"fastaccum_abort_mode must be 'request' or 'server', not {abort_mode!r}")
+        transport = getattr(args, "fastaccum_transport", None) or "client"
+        if transport not in ("client", "aiohttp"):
+            raise ValueError(f"fastaccum_transport must be 'client' or 'aiohttp', not {transport!r}")
+        coalesce_ms = getattr(args, "fastaccum_coalesce_ms", None)
+        coalesce_ms = DEFAULT_COALESCE_MS if coalesce_ms is None else float(coalesce_ms)
+        if not coalesce_ms >= 0:
+            raise ValueError(f"fastaccum_coalesce_ms must be a number >= 0, not {coalesce_ms!r}")
         read_timeout = getattr(args, "fastaccum_read_timeout", None)
         max_event_bytes = getattr(args, "fastaccum_max_event_bytes", None)
         return cls(
             stream_mode=mode,
             abort_mode=abort_mode,
+            transport=transport,
+            coalesce_ms=coalesce_ms,
             idle_timeout=float(getattr(args, "fastaccum_idle_timeout", 30.0)),
             idle_poll_interval=float(getattr(args, "fastaccum_idle_poll_interval", 0.5)),
             read_timeout=None if read_timeout is None else float(read_timeout),
@@ -140,9 +153,10 @@ def _router_url(args: Any) -> str:
 class _Registry:
     """What ``request_abort`` must stop, for one event loop (fully-async runs a second loop)."""
 
-    request_streams: set[GenerateStream] = dataclasses.field(default_factory=set)
+    request_streams: set[StreamConsumer] = dataclasses.field(default_factory=set)
     server_generations: int = 0
-    session: aiohttp.ClientSession | None = None
+    session: aiohttp.ClientSession | None = None  # control calls, and streams on the aiohttp transport
+    client: Client | None = None
     mode_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
 
 
@@ -162,12 +176,29 @@ def _session(args: Any) -> aiohttp.ClientSession:
     """This loop's aiohttp session (sessions are loop-bound), sized like slime's own client."""
     registry = _registry()
     if registry.session is None or registry.session.closed:
-        limit = int(getattr(args, "sglang_server_concurrency", 0) or 0) * _num_engines(args)
         # aiohttp's default of 100 connections would throttle slime's semaphore; trust_env=False:
         # rollout traffic is internal and must never go through a proxy.
-        connector = aiohttp.TCPConnector(limit=limit if limit > 0 else 100)
+        connector = aiohttp.TCPConnector(limit=_connection_limit(args))
         registry.session = aiohttp.ClientSession(connector=connector, timeout=STREAM_TIMEOUT, trust_env=False)
     return registry.session
+
+
+def _client(args: Any, settings: _Settings) -> Client:
+    """This loop's ``Client`` for the router (its connections are loop-bound)."""
+    registry = _registry()
+    url = _router_url(args)
+    client = registry.client
+    if client is None or client.closed or client.base_url != url:
+        # Client never reads proxy settings: rollout traffic is internal.
+        client = registry.client = Client(
+            url, max_connections=_connection_limit(args), coalesce_ms=settings.coalesce_ms
+        )
+    return client
+
+
+def _connection_limit(args: Any) -> int:
+    limit = int(getattr(args, "sglang_server_concurrency", 0) or 0) * _num_engines(args)
+    return limit if limit > 0 else 100
 
 
 def _num_engines(args: Any) -> int:
@@ -175,9 +206,14 @@ def _num_engines(args: Any) -> int:
 
 
 async def close_session() -> None:
-    """Close this loop's session (tests, and custom loops that end)."""
+    """Close this loop's connections (tests, and custom loops that end)."""
     registry = _registries.get(asyncio.get_running_loop())
-    if registry is not None and registry.session is not None:
+    if registry is None:
+        return
+    if registry.client is not None:
+        await registry.client.close()
+        registry.client = None
+    if registry.session is not None:
         await registry.session.close()
         registry.session = None
 
@@ -230,18 +266,9 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], eval
     if sample.session_id and getattr(args, "router_policy", None) == "consistent_hashing":
         headers = {"X-SMG-Routing-Key": sample.session_id}
 
-    session = _session(args)
-    await _check_server_mode(args, settings, session)
-    stream = GenerateStream(
-        session,
-        _router_url(args) + "/generate",
-        payload,
-        mode=settings.stream_mode,
-        expert_shape=(int(args.num_layers), int(args.moe_router_topk)) if routing_replay else None,
-        max_event_bytes=settings.max_event_bytes,
-        headers=headers,
-        read_timeout=settings.read_timeout,
-    )
+    await _check_server_mode(args, settings, _session(args))
+    expert_shape = (int(args.num_layers), int(args.moe_router_topk)) if routing_replay else None
+    stream = _open_stream(args, settings, payload, expert_shape=expert_shape, headers=headers)
     # Top-p rows arrive only in the terminal event, so a cancelled prefix could never carry them:
     # such calls are stopped by the server-wide abort, whose terminal chunk has the full CSR.
     server_abort = settings.abort_mode == "server" or getattr(args, "rollout_top_p", 1.0) != 1.0
@@ -269,11 +296,41 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], eval
 generate.abort_mode = "request"  # type: ignore[attr-defined]  # the marker slime and request_abort read
 
 
+def _open_stream(
+    args: Any,
+    settings: _Settings,
+    payload: dict[str, Any],
+    *,
+    expert_shape: tuple[int, int] | None,
+    headers: dict[str, str] | None,
+) -> StreamConsumer:
+    """The stream for one call, on the configured transport (both keep one contract)."""
+    if settings.transport == "client":
+        return _client(args, settings).stream(
+            payload,
+            mode=settings.stream_mode,
+            expert_shape=expert_shape,
+            max_event_bytes=settings.max_event_bytes,
+            headers=headers,
+            read_timeout=settings.read_timeout,
+        )
+    return GenerateStream(
+        _session(args),
+        _router_url(args) + "/generate",
+        payload,
+        mode=settings.stream_mode,
+        expert_shape=expert_shape,
+        max_event_bytes=settings.max_event_bytes,
+        headers=headers,
+        read_timeout=settings.read_timeout,
+    )
+
+
 def _new_rid(sample: Any) -> str:
     return f"fastaccum-{uuid.uuid4().hex}"
 
 
-async def _run_request_abortable(state: Any, stream: GenerateStream) -> StreamResult:
+async def _run_request_abortable(state: Any, stream: StreamConsumer) -> StreamResult:
     registry = _registry()
     registry.request_streams.add(stream)
     try:
@@ -288,7 +345,7 @@ async def _run_request_abortable(state: Any, stream: GenerateStream) -> StreamRe
         registry.request_streams.discard(stream)
 
 
-async def _run_server_abortable(state: Any, stream: GenerateStream) -> StreamResult:
+async def _run_server_abortable(state: Any, stream: StreamConsumer) -> StreamResult:
     registry = _registry()
     registry.server_generations += 1
     try:
@@ -304,13 +361,13 @@ def _has_in_tree_request_abort(state: Any) -> bool:
     return hasattr(state, "cancellable_tasks") and hasattr(state, "active_server_generations")
 
 
-async def _run_checked(state: Any, stream: GenerateStream) -> StreamResult:
+async def _run_checked(state: Any, stream: StreamConsumer) -> StreamResult:
     if state.aborted:  # the rollout is already being aborted: send nothing
         stream.abort()
     return await stream.run()
 
 
-async def _run_cancellable(args: Any, sample: Any, state: Any, stream: GenerateStream) -> StreamResult | None:
+async def _run_cancellable(args: Any, sample: Any, state: Any, stream: StreamConsumer) -> StreamResult | None:
     """Run a request-abortable call under slime's own abort, which cancels the task running it.
 
     slime registers that task in ``state.cancellable_tasks`` before this call starts, and its
@@ -387,6 +444,13 @@ def _text(result: StreamResult, tokens: list[int], tokenizer: Any) -> str:
     return tokenizer.decode(tokens) if tokens else ""
 
 
+def _record_timing(sample: Any, result: StreamResult) -> None:
+    """One entry per generate call in ``sample.metadata["fastaccum_timing"]``, so stragglers
+    (a late first token, a long gap) show in the rollout's data; the aiohttp transport has none."""
+    if result.timing is not None:
+        sample.metadata.setdefault("fastaccum_timing", []).append(dataclasses.asdict(result.timing))
+
+
 def _commit_terminal(args: Any, sample: Any, result: StreamResult, tokenizer: Any) -> None:
     reason = result.finish_reason
     if reason is None:  # run() returns only finished or aborted results; never commit a cut one
@@ -419,6 +483,7 @@ def _commit_terminal(args: Any, sample: Any, result: StreamResult, tokenizer: An
         text=_text(result, tokens, tokenizer),
         update_terminal_info=True,
     )
+    _record_timing(sample, result)
 
 
 def _commit_prefix(args: Any, sample: Any, result: StreamResult, tokenizer: Any) -> None:
@@ -437,6 +502,7 @@ def _commit_prefix(args: Any, sample: Any, result: StreamResult, tokenizer: Any)
         version = result.meta_info.get("weight_version")
         if version is not None:  # keep one entry per committed segment, as terminal commits do
             sample.weight_versions.append(version)
+    _record_timing(sample, result)
     sample.status = _slime().Sample.Status.ABORTED
 
 

@@ -636,6 +636,14 @@ class Client:
         )
 
     @property
+    def base_url(self) -> str:
+        return self._base
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
     def connections(self) -> int:
         """Connections open now (idle or serving a stream)."""
         return len(self._connections)

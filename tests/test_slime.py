@@ -33,9 +33,10 @@ def _load_harness() -> ModuleType:
 harness = _load_harness()
 
 
-@pytest.fixture(scope="module", params=harness.LINES)
+@pytest.fixture(scope="module", params=[(line, t) for line in harness.LINES for t in harness.TRANSPORTS], ids="-".join)
 def double(request: pytest.FixtureRequest) -> Any:
-    with harness.slime_env("double", harness.DOUBLE_ROOT, request.param) as env:
+    line, transport = request.param
+    with harness.slime_env("double", harness.DOUBLE_ROOT, line, transport) as env:
         yield env
 
 

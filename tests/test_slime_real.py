@@ -44,13 +44,16 @@ harness = _load_harness()
 
 
 SLIME_ROOTS = [str(Path(p).resolve()) for p in SLIME_PATH.split(os.pathsep) if p]
-ENVS = [("double", harness.DOUBLE_ROOT, line) for line in harness.LINES] + [("real", r, None) for r in SLIME_ROOTS]
+# The double on the default transport (tests/test_slime.py runs it on both), each checkout on both.
+ENVS = [("double", harness.DOUBLE_ROOT, line, "client") for line in harness.LINES] + [
+    ("real", root, None, transport) for root in SLIME_ROOTS for transport in harness.TRANSPORTS
+]
 
 
-@pytest.fixture(scope="module", params=ENVS, ids=[f"{k}-{line or Path(root).name}" for k, root, line in ENVS])
+@pytest.fixture(scope="module", params=ENVS, ids=[f"{k}-{line or Path(root).name}-{t}" for k, root, line, t in ENVS])
 def env(request: pytest.FixtureRequest) -> Any:
-    kind, root, line = request.param
-    with harness.slime_env(kind, root, line) as loaded:
+    kind, root, line, transport = request.param
+    with harness.slime_env(kind, root, line, transport) as loaded:
         if kind == "real":
             pytest.importorskip("slime.utils.types")
             assert Path(loaded.rollout.__file__).resolve().is_relative_to(Path(root)), "not the checkout's slime"

@@ -30,10 +30,13 @@ import torch
 from aiohttp import web
 
 import fastaccum.slime as fs
-from fastaccum.client import GenerateStream
+from fastaccum.client import GenerateStream, StreamConsumer
 from fastaccum.emulator import FAULT_KEY, Emulator
 from fastaccum.errors import ServerError, StreamFormatError, StreamTruncatedError
 from fastaccum.result import StreamResult
+from fastaccum.transport import ClientStream
+
+OPEN_STREAM = fs._open_stream  # the adapter's own, which Wiring wraps
 
 DOUBLE_ROOT = str(Path(__file__).resolve().parent)
 PROMPT = "alpha beta gamma delta epsilon zeta eta theta"
@@ -95,6 +98,7 @@ class SlimeEnv:
     async_utils: Any
     server_control: Any
     Sample: Any
+    transport: str = "client"  # fastaccum_transport for every scenario's args
 
     def run(self, coro: Any) -> Any:
         """Run on slime's background loop, where slime's rollouts (and so fastaccum) run."""
@@ -108,10 +112,11 @@ class SlimeEnv:
 
 
 LINES = ("stock", "request-abort")
+TRANSPORTS = ("client", "aiohttp")  # fastaccum_transport: Client is the default
 
 
 @contextlib.contextmanager
-def slime_env(kind: str, root: str, line: str | None = None) -> Iterator[SlimeEnv]:
+def slime_env(kind: str, root: str, line: str | None = None, transport: str = "client") -> Iterator[SlimeEnv]:
     """slime's modules from ``root``. The double models the ``line`` asked for; a real checkout
     is the line it is (a build with request-level abort has ``_run_request_abortable_generate``)."""
     stubs = install_stubs()
@@ -128,7 +133,9 @@ def slime_env(kind: str, root: str, line: str | None = None) -> Iterator[SlimeEn
             sglang_rollout.REQUEST_ABORT = line == "request-abort"
         else:
             line = "request-abort" if hasattr(sglang_rollout, "_run_request_abortable_generate") else "stock"
-        env = SlimeEnv(kind, root, line, sglang_rollout, misc, http_utils, async_utils, server_control, Sample)
+        env = SlimeEnv(
+            kind, root, line, sglang_rollout, misc, http_utils, async_utils, server_control, Sample, transport
+        )
         yield env
         env.run(fs.close_session())
         if http_utils._http_client is not None:
@@ -200,32 +207,28 @@ class Wiring:
     attempts: Counter[int] = dataclasses.field(default_factory=Counter)
     payloads: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     headers: list[Any] = dataclasses.field(default_factory=list)
-    streams: list[GenerateStream] = dataclasses.field(default_factory=list)
+    streams: list[StreamConsumer] = dataclasses.field(default_factory=list)
 
     def rid(self, sample: Any) -> str:
         rid = f"s{sample.index:03d}a{self.attempts[sample.index]:02d}"
         self.attempts[sample.index] += 1
         return rid
 
-    def stream_class(self) -> type[GenerateStream]:
-        wiring = self
-
-        class PlannedStream(GenerateStream):
-            def __init__(self, session: Any, url: str, payload: dict[str, Any], **kwargs: Any) -> None:
-                wiring.payloads.append(payload)
-                wiring.headers.append(kwargs.get("headers"))
-                plan = wiring.plans.get(payload["rid"], {})
-                payload = dict(payload)
-                if "stop_at" in plan:
-                    k = plan["stop_at"]
-                    stop = wiring.emulator.expected(payload["rid"], k).token_ids[k - 1]
-                    payload["sampling_params"] = {**payload["sampling_params"], "stop_token_ids": [stop]}
-                if "fault" in plan:
-                    payload[FAULT_KEY] = plan["fault"]
-                super().__init__(session, url, payload, **kwargs)
-                wiring.streams.append(self)
-
-        return PlannedStream
+    def open_stream(self, args: Any, settings: Any, payload: dict[str, Any], **kwargs: Any) -> StreamConsumer:
+        """``fastaccum.slime._open_stream`` with this wiring's plan applied to the request."""
+        self.payloads.append(payload)
+        self.headers.append(kwargs.get("headers"))
+        plan = self.plans.get(payload["rid"], {})
+        payload = dict(payload)
+        if "stop_at" in plan:
+            k = plan["stop_at"]
+            stop = self.emulator.expected(payload["rid"], k).token_ids[k - 1]
+            payload["sampling_params"] = {**payload["sampling_params"], "stop_token_ids": [stop]}
+        if "fault" in plan:
+            payload[FAULT_KEY] = plan["fault"]
+        stream = OPEN_STREAM(args, settings, payload, **kwargs)
+        self.streams.append(stream)
+        return stream
 
 
 @contextlib.contextmanager
@@ -238,7 +241,7 @@ def wired(env: SlimeEnv, emulator: Emulator) -> Iterator[Wiring]:
     wiring = Wiring(emulator)
     patch = pytest.MonkeyPatch()
     patch.setattr(fs, "_new_rid", wiring.rid)
-    patch.setattr(fs, "GenerateStream", wiring.stream_class())
+    patch.setattr(fs, "_open_stream", wiring.open_stream)
     try:
         yield wiring
     finally:
@@ -246,7 +249,7 @@ def wired(env: SlimeEnv, emulator: Emulator) -> Iterator[Wiring]:
         env.reset()
 
 
-def make_args(emulator: Emulator, **overrides: Any) -> SimpleNamespace:
+def make_args(env: SlimeEnv, emulator: Emulator, **overrides: Any) -> SimpleNamespace:
     args = SimpleNamespace(
         hf_checkpoint="fake-model",
         sglang_router_ip=emulator.host,
@@ -290,6 +293,7 @@ def make_args(emulator: Emulator, **overrides: Any) -> SimpleNamespace:
         sglang_incremental_streaming_output=emulator.incremental_streaming_output,
         fastaccum_idle_timeout=5.0,
         fastaccum_idle_poll_interval=0.02,
+        fastaccum_transport=env.transport,
     )
     for key, value in overrides.items():
         setattr(args, key, value)
@@ -364,7 +368,7 @@ def scenario_stream_modes(env: SlimeEnv, incremental: bool, interval: int) -> No
         emulator_thread(incremental_streaming_output=incremental, stream_interval=interval) as emu,
         wired(env, emu) as wiring,
     ):
-        args = make_args(emu, rollout_max_response_len=100)
+        args = make_args(env, emu, rollout_max_response_len=100)
         wiring.plans["s001a00"] = {"stop_at": 7}
 
         async def main() -> tuple[Any, Any]:
@@ -383,6 +387,15 @@ def scenario_stream_modes(env: SlimeEnv, incremental: bool, interval: int) -> No
         assert truncated.weight_versions == ["default"]  # one terminal commit
         assert truncated.prefix_cache_info.total_prompt_tokens == len(prompt_ids())
         assert stopped.status == env.Sample.Status.COMPLETED and stopped.response_length == 7
+        # fastaccum_transport picks the transport; only Client measures timing.
+        expected_class = ClientStream if env.transport == "client" else GenerateStream
+        assert all(type(stream) is expected_class for stream in wiring.streams)
+        if env.transport == "client":
+            (timing,) = truncated.metadata["fastaccum_timing"]
+            assert timing["tokens"] == 100 and timing["events"] >= 100 // interval
+            assert 0 < timing["first_token_s"] <= timing["duration_s"]
+        else:
+            assert "fastaccum_timing" not in truncated.metadata
         body = wiring.payloads[0]
         assert body["stream"] is True and body["return_logprob"] is True and body["input_ids"] == prompt_ids()
         assert body["sampling_params"]["max_new_tokens"] == 100 and "return_routed_experts" not in body
@@ -395,7 +408,7 @@ def scenario_routed_experts_and_top_p(env: SlimeEnv, incremental: bool) -> None:
         ) as emu,
         wired(env, emu) as wiring,
     ):
-        args = make_args(emu, use_rollout_routing_replay=True, rollout_top_p=0.9, rollout_max_response_len=30)
+        args = make_args(env, emu, use_rollout_routing_replay=True, rollout_top_p=0.9, rollout_max_response_len=30)
         sample = env.run(fs.generate(args, new_sample(env), sampling_params(env, args)))
         gen = expected(emu, "s000a00", 30, top_p=True, routed_experts=True)
         assert wiring.payloads[0]["return_routed_experts"] is True
@@ -442,7 +455,7 @@ def scenario_deliberate_cancel_then_resume(env: SlimeEnv, incremental: bool) -> 
         ) as emu,
         wired(env, emu) as wiring,
     ):
-        args = make_args(emu, use_rollout_routing_replay=True, rollout_max_response_len=2000, partial_rollout=True)
+        args = make_args(env, emu, use_rollout_routing_replay=True, rollout_max_response_len=2000, partial_rollout=True)
         sample = new_sample(env)
         wiring.plans["s000a01"] = {"stop_at": 5}
 
@@ -479,7 +492,7 @@ def scenario_unrelated_cancellation_propagates(env: SlimeEnv) -> None:
     """A cancel that is not the rollout abort's leaves the sample as it was and propagates, also
     when it arrives together with the abort's."""
     with emulator_thread(token_rate=400) as emu, wired(env, emu):
-        args = make_args(emu, rollout_max_response_len=2000)
+        args = make_args(env, emu, rollout_max_response_len=2000)
         sample = new_sample(env)
 
         async def main() -> None:
@@ -520,7 +533,7 @@ def scenario_server_abort_commits_terminal(env: SlimeEnv, incremental: bool) -> 
         emulator_thread(incremental_streaming_output=incremental, token_rate=400, max_running_requests=1) as emu,
         wired(env, emu),
     ):
-        args = make_args(emu, rollout_max_response_len=2000)
+        args = make_args(env, emu, rollout_max_response_len=2000)
         running, queued = new_sample(env, 0), new_sample(env, 1)
 
         async def main() -> None:
@@ -546,7 +559,7 @@ def scenario_errors_fail_closed(env: SlimeEnv) -> None:
         ({"kind": "http_500"}, ServerError),
     ]
     with emulator_thread() as emu, wired(env, emu) as wiring:
-        args = make_args(emu)
+        args = make_args(env, emu)
         for index, (fault, error) in enumerate(faults):
             wiring.plans[f"s{index:03d}a00"] = {"fault": fault}
             sample = new_sample(env, index)
@@ -582,7 +595,7 @@ def scenario_register_then_check(env: SlimeEnv) -> None:
     """A generate call that starts after the abort swept the registry sends nothing."""
     with emulator_thread() as emu, wired(env, emu):
         for top_p in (1.0, 0.9):
-            args = make_args(emu, rollout_top_p=top_p)
+            args = make_args(env, emu, rollout_top_p=top_p)
             env.rollout.GenerateState(args).aborted = True
             sample = env.run(fs.generate(args, new_sample(env), sampling_params(env, args)))
             assert sample.status == env.Sample.Status.ABORTED and sample.response_length == 0
@@ -592,7 +605,7 @@ def scenario_register_then_check(env: SlimeEnv) -> None:
 
 def scenario_budget_and_headers(env: SlimeEnv) -> None:
     with emulator_thread() as emu, wired(env, emu) as wiring:
-        args = make_args(emu, router_policy="consistent_hashing", rollout_max_response_len=3)
+        args = make_args(env, emu, router_policy="consistent_hashing", rollout_max_response_len=3)
         sample = new_sample(env)
         sample.session_id = "session-1"
         env.run(fs.generate(args, sample, sampling_params(env, args)))
@@ -608,11 +621,15 @@ def scenario_budget_and_headers(env: SlimeEnv) -> None:
         params["max_new_tokens"] = None
         with pytest.raises(ValueError, match="rollout-max-response-len"):
             env.run(fs.generate(args, new_sample(env, 1), params))
+        for key, value in (("fastaccum_transport", "httpx"), ("fastaccum_coalesce_ms", -1)):
+            bad = make_args(env, emu, **{key: value})
+            with pytest.raises(ValueError, match=key):
+                env.run(fs.generate(bad, new_sample(env, 2), sampling_params(env, bad)))
 
 
 def scenario_text_decoded_once_without_tokenizer_text(env: SlimeEnv, incremental: bool) -> None:
     with emulator_thread(incremental_streaming_output=incremental, skip_tokenizer_init=True) as emu, wired(env, emu):
-        args = make_args(emu, rollout_max_response_len=12)
+        args = make_args(env, emu, rollout_max_response_len=12)
         before = FakeTokenizer.decodes
         sample = env.run(fs.generate(args, new_sample(env), sampling_params(env, args)))
         assert FakeTokenizer.decodes == before + 1
@@ -621,7 +638,7 @@ def scenario_text_decoded_once_without_tokenizer_text(env: SlimeEnv, incremental
 
 def scenario_mode_check(env: SlimeEnv) -> None:
     with emulator_thread(incremental_streaming_output=True) as emu, wired(env, emu):
-        args = make_args(emu, sglang_incremental_streaming_output=False)
+        args = make_args(env, emu, sglang_incremental_streaming_output=False)
         with pytest.raises(
             ValueError, match=r"--sglang-incremental-streaming-output off.*--incremental-streaming-output on"
         ):
@@ -646,7 +663,7 @@ def scenario_evaluation_delegates(env: SlimeEnv) -> None:
         patch = pytest.MonkeyPatch()
         patch.setattr(env.rollout, "generate_rollout", fake_rollout)
         try:
-            assert fs.generate_rollout(make_args(emu), 3, None, evaluation=True) == "eval-output"
+            assert fs.generate_rollout(make_args(env, emu), 3, None, evaluation=True) == "eval-output"
         finally:
             patch.undo()
     assert calls == [(True, env.rollout.abort)] and env.rollout.abort is not fs.request_abort
@@ -658,6 +675,7 @@ def scenario_mixed_group_abort_buffer_resume(env: SlimeEnv) -> None:
     a group with no observed prefix is dropped."""
     with emulator_thread(token_rate=400) as emu, wired(env, emu) as wiring:
         args = make_args(
+            env,
             emu,
             partial_rollout=True,
             rollout_batch_size=1,
@@ -725,7 +743,7 @@ def scenario_idle_wait_and_fallback(env: SlimeEnv) -> None:
     """After the request-level cancel fastaccum waits for idle servers; a request it cannot see
     (a zombie) keeps a server busy, so the wait times out and falls back to the server-wide abort."""
     with emulator_thread(token_rate=200) as emu, wired(env, emu):
-        args = make_args(emu, rollout_max_response_len=100_000, fastaccum_idle_timeout=0.3)
+        args = make_args(env, emu, rollout_max_response_len=100_000, fastaccum_idle_timeout=0.3)
         env.http_utils.init_http_client(args)
 
         async def main() -> tuple[int, int]:
@@ -749,7 +767,7 @@ def scenario_idle_wait_and_fallback(env: SlimeEnv) -> None:
         assert aborted >= 1 and running == 0  # the fallback hit the zombie
 
     with emulator_thread(token_rate=200) as emu, wired(env, emu):
-        args = make_args(emu, rollout_max_response_len=100_000)
+        args = make_args(env, emu, rollout_max_response_len=100_000)
         env.http_utils.init_http_client(args)
 
         async def quiet() -> None:
@@ -766,7 +784,7 @@ def scenario_top_p_falls_back_to_server_abort(env: SlimeEnv) -> None:
     """With top-p replay the stream must end with its terminal chunk (the only one carrying the
     CSR), so request_abort aborts server-wide; the resumed CSR covers every response token."""
     with emulator_thread(token_rate=400) as emu, wired(env, emu) as wiring:
-        args = make_args(emu, rollout_top_p=0.9, rollout_max_response_len=5000, partial_rollout=True)
+        args = make_args(env, emu, rollout_top_p=0.9, rollout_max_response_len=5000, partial_rollout=True)
         env.http_utils.init_http_client(args)
         sample = new_sample(env)
         wiring.plans["s000a01"] = {"stop_at": 3}
@@ -893,7 +911,7 @@ def scenario_foreign_generate_keeps_stock_abort(env: SlimeEnv) -> None:
         return []
 
     with emulator_thread() as emu, wired(env, emu):
-        args = make_args(emu, custom_generate_function_path="fastaccum_slime_harness.foreign_generate")
+        args = make_args(env, emu, custom_generate_function_path="fastaccum_slime_harness.foreign_generate")
         patch = pytest.MonkeyPatch()
         patch.setattr(env.rollout, "abort", stock_abort)
         try:
@@ -914,7 +932,7 @@ def scenario_slime_abort_keeps_prefix(env: SlimeEnv, incremental: bool) -> None:
         ) as emu,
         wired(env, emu),
     ):
-        args = make_args(emu, use_rollout_routing_replay=True, rollout_max_response_len=2000, partial_rollout=True)
+        args = make_args(env, emu, use_rollout_routing_replay=True, rollout_max_response_len=2000, partial_rollout=True)
         env.http_utils.init_http_client(args)
         sample = new_sample(env)
 
@@ -944,7 +962,7 @@ def scenario_abort_after_terminal_keeps_result(env: SlimeEnv) -> None:
     """An abort that arrives after the terminal event (before [DONE]) keeps the complete result:
     the sample is finished, scored once, and not marked ABORTED (which would resume it past its end)."""
     with emulator_thread() as emu, wired(env, emu) as wiring:
-        args = make_args(emu, rollout_max_response_len=12)
+        args = make_args(env, emu, rollout_max_response_len=12)
         env.http_utils.init_http_client(args)
         wiring.plans["s000a00"] = {"fault": {"kind": "stall", "at": "done", "seconds": 30}}
         sample = new_sample(env)
@@ -1011,7 +1029,7 @@ def scenario_in_tree_pitfalls(env: SlimeEnv, case: str, incremental: bool) -> No
         if case == "line_separator":
             assert "\u2028" in expected(emu, "s000a00", n).text(0, n)
             assert "\u2028" in expected(emu, UNNAMED_RID, n).text(0, n)
-        args = make_args(emu, rollout_max_response_len=n)
+        args = make_args(env, emu, rollout_max_response_len=n)
         env.http_utils.init_http_client(args)
         sample = _generate_with(env, fs.generate, args, new_sample(env), abort_retracted=case == "echo", emu=emu)
         k = emu.stats.written["s000a00"]
