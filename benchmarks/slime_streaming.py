@@ -29,6 +29,12 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 IN_TREE = "slime.rollout.sglang_streaming_rollout.generate_streaming"
 FASTACCUM = "fastaccum.slime.generate"
+# (label, generate function, its settings): fastaccum on each of its transports
+FUNCTIONS = (
+    ("in-tree", IN_TREE, {}),
+    ("fastaccum", FASTACCUM, {"fastaccum_transport": "client"}),
+    ("fastaccum-aiohttp", FASTACCUM, {"fastaccum_transport": "aiohttp"}),
+)
 _ANNOUNCE = "emulator at "
 
 
@@ -82,14 +88,16 @@ def measure(
         with harness.slime_env("real", slime_root) as env:
             best: dict[str, tuple[float, float, float]] = {}
             for _ in range(rounds):
-                for path in (IN_TREE, FASTACCUM):
+                for label, path, settings in FUNCTIONS:
                     env.reset()
                     args = harness.make_args(
+                        env,
                         emu,
                         rollout_max_response_len=tokens,
                         custom_generate_function_path=path,
                         sglang_server_concurrency=streams,
                         fastaccum_check_server_mode=False,
+                        **settings,
                     )
                     env.http_utils.init_http_client(args)
                     fn = env.misc.load_function(path)
@@ -103,10 +111,10 @@ def measure(
                     env.run(run_all())
                     user1, sys1, wall1 = _cpu()
                     total = sum(s.response_length for s in samples)
-                    assert total == streams * tokens, (path, total)
+                    assert total == streams * tokens, (label, total)
                     figures = ((user1 - user0) / total * 1e6, (sys1 - sys0) / total * 1e6, (wall1 - wall0))
-                    if path not in best or sum(figures[:2]) < sum(best[path][:2]):
-                        best[path] = figures
+                    if label not in best or sum(figures[:2]) < sum(best[label][:2]):
+                        best[label] = figures
             env.run(_close(env))
     finally:
         if server.stdin is not None:
@@ -141,16 +149,16 @@ def main() -> int:
         return 2
     print(f"client CPU per token, best of {options.rounds}; slime at {options.slime}; python {sys.version.split()[0]}")
     print(
-        f"{'mode':<12} {'streams x tokens':>17} {'function':<14} {'user us':>8} {'sys us':>7} {'total us':>9} "
+        f"{'mode':<12} {'streams x tokens':>17} {'function':<18} {'user us':>8} {'sys us':>7} {'total us':>9} "
         f"{'vs in-tree':>10}"
     )
     for incremental, streams, tokens in ((True, 64, 1000), (False, 16, 400)):
         best = measure(options.slime, incremental, 1, streams, tokens, options.rounds)
-        base = sum(best[IN_TREE][:2])
-        for path, label in ((IN_TREE, "in-tree"), (FASTACCUM, "fastaccum")):
-            user, system, _ = best[path]
+        base = sum(best["in-tree"][:2])
+        for label, _, _ in FUNCTIONS:
+            user, system, _ = best[label]
             print(
-                f"{'incremental' if incremental else 'cumulative':<12} {f'{streams} x {tokens}':>17} {label:<14} "
+                f"{'incremental' if incremental else 'cumulative':<12} {f'{streams} x {tokens}':>17} {label:<18} "
                 f"{user:8.1f} {system:7.1f} {user + system:9.1f} {(user + system) / base:10.2f}"
             )
     return 0
