@@ -41,6 +41,7 @@ __all__ = (
     "MODES",
     "B64_KEYS",
     "TOP_P_KEYS",
+    "ARRAY_KEYS",
     "check_options",
     "refused_feed",
     "finish_error",
@@ -50,6 +51,7 @@ __all__ = (
     "event_counts",
     "echo_start",
     "echo_text",
+    "read_arrays",
     "read_top_p",
     "read_routed",
     "decode_int32",
@@ -72,6 +74,7 @@ _TOP_P_PAIRS = (
     ("top_p_kept_token_ids", "top_p_kept_token_offsets"),
 )
 TOP_P_KEYS = frozenset(key for pair in _TOP_P_PAIRS for key in pair)
+ARRAY_KEYS = frozenset(B64_KEYS)
 # Token-aligned lists (sliced per event in incremental mode) and the decoded base64 arrays are
 # returned as arrays, not repeated in meta_info.
 _DROPPED_META = frozenset(
@@ -329,6 +332,46 @@ def read_routed(
     if rows < 0 or routed.shape[0] != max(rows, 0) * layers * topk:
         raise routed_size(index, mode, routed.shape[0], prompt, done, expert_shape)
     return routed.reshape(rows, layers, topk)
+
+
+# ---- both arrays -------------------------------------------------------------------------------
+
+
+def read_arrays(
+    index: int,
+    meta: dict[str, Any] | None,
+    data: bytes | bytearray,
+    spans: dict[str, tuple[int, int]],
+    routed_raw: Any,
+    mode: str,
+    held: int,
+    added: int,
+    rows_held: int | None,
+    expert_shape: tuple[int, int] | None,
+    prompt: int | None,
+    completion: int | None,
+) -> tuple[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], bool] | None, npt.NDArray[np.int32] | None]:
+    """This event's top-p (read_top_p's answer) and routed experts (decoded and checked by
+    read_routed; None without them), for an event that carries either or a stream that holds
+    top-p (``meta``, ``rows_held``: as read_top_p). ``routed_raw``: the routed_experts bytes
+    already decoded while the event arrived (the compiled twin's streamed decode), else None."""
+    top_p = None
+    if rows_held is not None or (meta is not None and not TOP_P_KEYS.isdisjoint(meta)):
+        top_p = read_top_p(index, meta, data, spans, mode, held, added, rows_held)
+    routed = None
+    if meta is not None and "routed_experts" in meta:
+        routed = read_routed(
+            index,
+            int32_array(index, "routed_experts", routed_raw)
+            if routed_raw is not None
+            else decode_int32(index, "routed_experts", meta["routed_experts"], data, spans.get("routed_experts")),
+            expert_shape,
+            mode,
+            prompt,
+            completion,
+            held + added,
+        )
+    return top_p, routed
 
 
 # ---- results ----------------------------------------------------------------------------------

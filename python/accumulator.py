@@ -26,8 +26,7 @@ from fastaccum._messages import (
     not_json,
 )
 from fastaccum._policy import (
-    TOP_P_KEYS,
-    decode_int32,
+    ARRAY_KEYS,
     echo_start,
     echo_text,
     end_event,
@@ -35,8 +34,7 @@ from fastaccum._policy import (
     event_finish,
     event_meta,
     feed_all,
-    read_routed,
-    read_top_p,
+    read_arrays,
     refused_feed,
 )
 from fastaccum._py.buffers import Float64Buffer, Int32Buffer
@@ -284,20 +282,22 @@ class StreamAccumulator(AccumulatorBase):
             text_update = text
             text_replaces = new_mode == "cumulative"
 
-        top_p = None
+        top_p = routed = None
         rows_held = self._top_p_offsets.size - 1 if self._top_p_offsets is not None else None
-        if rows_held is not None or not TOP_P_KEYS.isdisjoint(meta):
-            top_p = read_top_p(index, meta, data, spans, new_mode, held, len(new_ids), rows_held)
-        routed = self._routed
-        if "routed_experts" in meta:
-            routed = read_routed(
+        if rows_held is not None or not ARRAY_KEYS.isdisjoint(meta):
+            top_p, routed = read_arrays(
                 index,
-                decode_int32(index, "routed_experts", meta["routed_experts"], data, spans.get("routed_experts")),
-                self._expert_shape,
+                meta,
+                data,
+                spans,
+                None,
                 new_mode,
+                held,
+                len(new_ids),
+                rows_held,
+                self._expert_shape,
                 prompt,
                 completion,
-                total,
             )
 
         # ---- commit: nothing below can fail on valid input ----
@@ -313,7 +313,8 @@ class StreamAccumulator(AccumulatorBase):
         if top_p is not None:
             tp_ids, tp_offsets, replace = top_p
             self._commit_top_p(tp_ids, tp_offsets, replace)
-        self._routed = routed
+        if routed is not None:
+            self._routed = routed
         if finish is not None:
             self._finish_reason = finish
         self._meta = meta  # filtered once, when a result is built

@@ -27,9 +27,8 @@ from fastaccum._messages import (
     not_json,
 )
 from fastaccum._policy import (
+    ARRAY_KEYS,
     MODES,
-    TOP_P_KEYS,
-    decode_int32,
     echo_start,
     echo_text,
     end_event,
@@ -37,9 +36,7 @@ from fastaccum._policy import (
     event_finish,
     event_meta,
     feed_all,
-    int32_array,
-    read_routed,
-    read_top_p,
+    read_arrays,
     refused_feed,
 )
 from fastaccum.errors import StreamError
@@ -380,18 +377,11 @@ cdef class _Core(EventSink):
             text_update = text
             text_replaces = new_mode is CUMULATIVE
 
-        top_p = None
+        top_p = routed = None
         rows_held = self._top_p_offsets.size - 1 if self._top_p_offsets is not None else None
-        if rows_held is not None or (meta is not None and not TOP_P_KEYS.isdisjoint(meta)):
-            top_p = read_top_p(index, meta, data, spans, new_mode, held, new_n, rows_held)
-        routed = self._routed
-        if meta is not None and "routed_experts" in meta:
-            routed = read_routed(
-                index,
-                int32_array(index, "routed_experts", routed_block) if routed_block is not None else
-                decode_int32(index, "routed_experts", meta["routed_experts"], data, spans.get("routed_experts")),
-                self._expert_shape, new_mode, prompt, completion, total,
-            )
+        if rows_held is not None or (meta is not None and not ARRAY_KEYS.isdisjoint(meta)):
+            top_p, routed = read_arrays(index, meta, data, spans, routed_block, new_mode, held, new_n, rows_held,
+                                        self._expert_shape, prompt, completion)
 
         # ---- commit: nothing below can fail on valid input ----
         self._ids.extend(new_ids, new_n)
@@ -406,7 +396,8 @@ cdef class _Core(EventSink):
         if top_p is not None:
             tp_ids, tp_offsets, replace = top_p
             self._commit_top_p(tp_ids, tp_offsets, replace)
-        self._routed = routed
+        if routed is not None:
+            self._routed = routed
         if finish is not None:
             self._finish_reason = finish
         self._meta = meta  # filtered once, when a result is built (None: a scanned event's, kept
