@@ -32,7 +32,7 @@ class AccumulatorBase:
     _chunks: Any  # feed_chunked()'s decoder, None until first used
     _mode: str
     _expert_shape: tuple[int, int] | None
-    _ids: Any  # Int32Buffer: .size, .hand_out(final)
+    _ids: Any  # Int32Buffer: .size, .to_array(), .take_array()
     _logprobs: Any  # Float64Buffer
     _has_logprobs: bool | None
     _text_parts: list[str] | None

@@ -377,6 +377,12 @@ def read_arrays(
 # ---- results ----------------------------------------------------------------------------------
 
 
+def _hand_out(buffer: Any, final: bool) -> npt.NDArray[Any]:
+    """A twin's buffer as an array: its storage itself for a final result, else a copy."""
+    array: npt.NDArray[Any] = buffer.take_array() if final else buffer.to_array()
+    return array
+
+
 def build_result(
     final: bool,
     mode: str,
@@ -395,15 +401,15 @@ def build_result(
     are joined here; meta_info loses the lists and arrays the result carries as arrays."""
     top_p = None
     if top_p_ids is not None and top_p_offsets is not None:
-        top_p = top_p_ids.hand_out(final), top_p_offsets.hand_out(final)
-    token_ids = ids.hand_out(final)
+        top_p = _hand_out(top_p_ids, final), _hand_out(top_p_offsets, final)
+    token_ids = _hand_out(ids, final)
     text = None
     if text_parts is not None:
         text = text_parts[0] if len(text_parts) == 1 else "".join(text_parts)
     return StreamResult(
         mode=mode,
         token_ids=token_ids,
-        logprobs=logprobs.hand_out(final) if logprobs is not None else None,
+        logprobs=_hand_out(logprobs, final) if logprobs is not None else None,
         text=text,
         finish_reason=dict(finish_reason) if finish_reason is not None else None,
         meta_info={k: v for k, v in meta.items() if k not in _DROPPED_META},
