@@ -1,11 +1,12 @@
 """The accumulator's per-stream rules, written once and called by both twins.
 
-What runs once per stream, on the rare event the compiled twin's scanner leaves to orjson (a
-terminal event, one carrying base64 arrays), or only on error lives here: the constructor and
+What runs once per stream, on an event the compiled twin's scanner leaves to orjson (a terminal
+event, one carrying base64 arrays), or only on error lives here: the constructor and
 ``feed()``/``finish()`` guards, the shape of a parsed event, the abort echo, top-p replay, routed
-experts and the building of a result. The per-byte and per-event work stays in the twins
-(``fastaccum._py`` and ``fastaccum._cy``, which imports this module from Python). The rules are
-in docs/core.md.
+experts and the fields of a result. The per-byte and per-event work stays in the twins
+(``fastaccum._py`` and ``fastaccum._cy``, which imports this module from Python); the class's
+once-per-stream methods that call these are fastaccum._base.AccumulatorBase. The rules are in
+docs/core.md.
 """
 
 from __future__ import annotations
