@@ -76,7 +76,8 @@ cdef class SseFramer:
     other lines (comments, ``event:``, ``id:``, unknown fields) are never buffered.
     """
 
-    cdef Py_ssize_t _limit  # max_event_bytes; -1: no cap
+    cdef readonly object max_event_bytes
+    cdef Py_ssize_t _limit  # -1: no cap
     cdef readonly bytearray data
     cdef readonly bint has_data
     cdef readonly Py_ssize_t events
@@ -89,6 +90,7 @@ cdef class SseFramer:
     cdef ValueStream _scan  # the streamed base64 values of a large event (compiled twin only)
 
     def __cinit__(self, max_event_bytes, EventSink owner):
+        self.max_event_bytes = max_event_bytes
         self._limit = -1 if max_event_bytes is None else max_event_bytes
         self.data = bytearray()
         self._state = HEAD
