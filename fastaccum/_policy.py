@@ -1,11 +1,12 @@
 """The accumulator's per-stream rules, written once and called by both twins.
 
-What runs once per stream, on the rare event the compiled twin's scanner leaves to orjson (a
-terminal event, one carrying base64 arrays), or only on error lives here: the constructor and
+What runs once per stream, on an event the compiled twin's scanner leaves to orjson (a terminal
+event, one carrying base64 arrays), or only on error lives here: the constructor and
 ``feed()``/``finish()`` guards, the shape of a parsed event, the abort echo, top-p replay, routed
-experts and the building of a result. The per-byte and per-event work stays in the twins
-(``fastaccum._py`` and ``fastaccum._cy``, which imports this module from Python). The rules are
-in docs/core.md.
+experts and the fields of a result. The per-byte and per-event work stays in the twins
+(``fastaccum._py`` and ``fastaccum._cy``, which imports this module from Python); the class's
+once-per-stream methods that call these are fastaccum._base.AccumulatorBase. The rules are in
+docs/core.md.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ __all__ = (
     "MODES",
     "B64_KEYS",
     "TOP_P_KEYS",
+    "ARRAY_KEYS",
     "check_options",
     "refused_feed",
     "finish_error",
@@ -50,6 +52,7 @@ __all__ = (
     "event_counts",
     "echo_start",
     "echo_text",
+    "read_arrays",
     "read_top_p",
     "read_routed",
     "decode_int32",
@@ -72,6 +75,7 @@ _TOP_P_PAIRS = (
     ("top_p_kept_token_ids", "top_p_kept_token_offsets"),
 )
 TOP_P_KEYS = frozenset(key for pair in _TOP_P_PAIRS for key in pair)
+ARRAY_KEYS = frozenset(B64_KEYS)
 # Token-aligned lists (sliced per event in incremental mode) and the decoded base64 arrays are
 # returned as arrays, not repeated in meta_info.
 _DROPPED_META = frozenset(
@@ -331,7 +335,53 @@ def read_routed(
     return routed.reshape(rows, layers, topk)
 
 
+# ---- both arrays -------------------------------------------------------------------------------
+
+
+def read_arrays(
+    index: int,
+    meta: dict[str, Any] | None,
+    data: bytes | bytearray,
+    spans: dict[str, tuple[int, int]],
+    routed_raw: Any,
+    mode: str,
+    held: int,
+    added: int,
+    rows_held: int | None,
+    expert_shape: tuple[int, int] | None,
+    prompt: int | None,
+    completion: int | None,
+) -> tuple[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], bool] | None, npt.NDArray[np.int32] | None]:
+    """This event's top-p (read_top_p's answer) and routed experts (decoded and checked by
+    read_routed; None without them), for an event that carries either or a stream that holds
+    top-p (``meta``, ``rows_held``: as read_top_p). ``routed_raw``: the routed_experts bytes
+    already decoded while the event arrived (the compiled twin's streamed decode), else None."""
+    top_p = None
+    if rows_held is not None or (meta is not None and not TOP_P_KEYS.isdisjoint(meta)):
+        top_p = read_top_p(index, meta, data, spans, mode, held, added, rows_held)
+    routed = None
+    if meta is not None and "routed_experts" in meta:
+        routed = read_routed(
+            index,
+            int32_array(index, "routed_experts", routed_raw)
+            if routed_raw is not None
+            else decode_int32(index, "routed_experts", meta["routed_experts"], data, spans.get("routed_experts")),
+            expert_shape,
+            mode,
+            prompt,
+            completion,
+            held + added,
+        )
+    return top_p, routed
+
+
 # ---- results ----------------------------------------------------------------------------------
+
+
+def _hand_out(buffer: Any, final: bool) -> npt.NDArray[Any]:
+    """A twin's buffer as an array: its storage itself for a final result, else a copy."""
+    array: npt.NDArray[Any] = buffer.take_array() if final else buffer.to_array()
+    return array
 
 
 def build_result(
@@ -352,15 +402,15 @@ def build_result(
     are joined here; meta_info loses the lists and arrays the result carries as arrays."""
     top_p = None
     if top_p_ids is not None and top_p_offsets is not None:
-        top_p = top_p_ids.hand_out(final), top_p_offsets.hand_out(final)
-    token_ids = ids.hand_out(final)
+        top_p = _hand_out(top_p_ids, final), _hand_out(top_p_offsets, final)
+    token_ids = _hand_out(ids, final)
     text = None
     if text_parts is not None:
         text = text_parts[0] if len(text_parts) == 1 else "".join(text_parts)
     return StreamResult(
         mode=mode,
         token_ids=token_ids,
-        logprobs=logprobs.hand_out(final) if logprobs is not None else None,
+        logprobs=_hand_out(logprobs, final) if logprobs is not None else None,
         text=text,
         finish_reason=dict(finish_reason) if finish_reason is not None else None,
         meta_info={k: v for k, v in meta.items() if k not in _DROPPED_META},

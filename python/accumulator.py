@@ -1,8 +1,9 @@
 """StreamAccumulator: SGLang /generate events to arrays, validating cumulative/incremental lengths.
 
-This module holds the per-event work; the per-stream rules come from fastaccum._policy, and the
-rules themselves are in docs/core.md. The compiled twin's src_cython/accumulator.pxi mirrors it
-function by function.
+This module holds the per-read and per-event work; the class's once-per-stream face (constructor,
+finish(), snapshot(), properties) is fastaccum._base.AccumulatorBase, the per-stream rules come
+from fastaccum._policy, and the rules themselves are in docs/core.md. The compiled twin's
+src_cython/accumulator.pxi mirrors it function by function.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from fastaccum._base import AccumulatorBase
 from fastaccum._messages import (
     broken,
     changed_token,
@@ -24,10 +26,7 @@ from fastaccum._messages import (
     not_json,
 )
 from fastaccum._policy import (
-    TOP_P_KEYS,
-    build_result,
-    check_options,
-    decode_int32,
+    ARRAY_KEYS,
     echo_start,
     echo_text,
     end_event,
@@ -35,9 +34,7 @@ from fastaccum._policy import (
     event_finish,
     event_meta,
     feed_all,
-    finish_error,
-    read_routed,
-    read_top_p,
+    read_arrays,
     refused_feed,
 )
 from fastaccum._py.buffers import Float64Buffer, Int32Buffer
@@ -45,7 +42,7 @@ from fastaccum._py.chunked import ChunkedDecoder
 from fastaccum._py.fields import cut_b64_spans, read_id_list, read_logprob_list, read_uint_at
 from fastaccum._py.framing import SseFramer
 from fastaccum.errors import StreamError
-from fastaccum.result import StreamResult, snapshot_of
+from fastaccum.result import StreamResult
 
 __all__ = ("StreamAccumulator", "accumulate")
 
@@ -66,60 +63,29 @@ def _loads(index: int, data: bytes | bytearray) -> Any:
 # ---- accumulator ------------------------------------------------------------------------------
 
 
-class StreamAccumulator:
+class StreamAccumulator(AccumulatorBase):
     """Feeds raw SSE bytes of one SGLang /generate stream and accumulates tokens into arrays."""
 
-    def __init__(
-        self,
-        mode: str = "auto",
-        *,
-        expert_shape: tuple[int, int] | None = None,
-        max_event_bytes: int | None = None,
-    ) -> None:
-        check_options(mode, expert_shape, max_event_bytes)
+    def _start(self, max_event_bytes: int | None) -> None:
         self._framer = SseFramer(max_event_bytes)
-        self._mode = mode
-        self._expert_shape = expert_shape
         self._ids = Int32Buffer()
         self._logprobs = Float64Buffer()
-        self._has_logprobs: bool | None = None  # decided by the first event
-        self._text_parts: list[str] | None = None  # None: no event carried text
+        self._has_logprobs = None  # decided by the first event
+        self._text_parts = None  # None: no event carried text
         self._top_p_ids: Int32Buffer | None = None
         self._top_p_offsets: Int32Buffer | None = None
         self._routed: npt.NDArray[np.int32] | None = None
-        self._finish_reason: dict[str, Any] | None = None
-        self._meta: dict[str, Any] = {}
+        self._finish_reason = None
+        self._meta = {}
         self._events = 0  # JSON events applied or light-checked
         self._full_parses = 0
         self._reported = 0  # newest total the server reported
-        self._pending: bytearray | None = None  # newest light-checked cumulative event
+        self._pending = None
         self._pending_index = -1
         self._done = False  # [DONE] seen
-        self._error: StreamError | None = None
-        self._result: StreamResult | None = None
         self._chunks: ChunkedDecoder | None = None  # feed_chunked()'s decoder, made on first use
 
-    # ---- public API ---------------------------------------------------------------------
-
-    @property
-    def mode(self) -> str:
-        """The resolved mode: "auto" until an event decides it."""
-        return self._mode
-
-    @property
-    def finished(self) -> bool:
-        """A terminal finish_reason has been seen."""
-        return self._finish_reason is not None
-
-    @property
-    def events(self) -> int:
-        """JSON events seen so far (progress)."""
-        return self._events
-
-    @property
-    def tokens(self) -> int:
-        """Newest token total the stream reported (progress; light-checked events included)."""
-        return max(self._reported, self._ids.size)
+    # ---- input --------------------------------------------------------------------------
 
     def feed(self, data: bytes | bytearray | memoryview, /) -> int:
         """Frame and apply ``data``; return the number of events it completed ([DONE] included)."""
@@ -148,42 +114,6 @@ class StreamAccumulator:
             self._error = exc
             raise
 
-    @property
-    def chunked_ended(self) -> bool:
-        """``feed_chunked()`` has read the last chunk and the trailer section: the body is complete."""
-        return self._chunks is not None and self._chunks.ended
-
-    def finish(self) -> StreamResult:
-        """End of input: the final result, or StreamTruncatedError without a terminal event."""
-        if self._result is not None:
-            return self._result
-        if self._error is None:
-            framer = self._framer
-            self._error = finish_error(framer.events, framer.mid_event, framer.data, self._finish_reason is not None)
-        if self._error is not None:
-            raise self._error
-        self._result = self._build(final=True)
-        return self._result
-
-    def snapshot(self) -> StreamResult:
-        """The observed prefix, consistent across tokens, logprobs, text and top-p; never raises."""
-        if self._result is not None:
-            return snapshot_of(self._result)
-        if self._pending is not None:
-            try:
-                self._apply(self._pending, self._pending_index, counted=True)
-            except StreamError:
-                # The newest light-checked event does not validate: show the verified state; the
-                # kept event stays, so the error still surfaces when the stream moves past it.
-                pass
-        return self._build()
-
-    def __repr__(self) -> str:
-        return (
-            f"<StreamAccumulator mode={self._mode!r} events={self._events} "
-            f"tokens={self.tokens} finished={self.finished}>"
-        )
-
     # ---- events -------------------------------------------------------------------------
 
     def _dispatch(self, data: bytearray, index: int) -> None:
@@ -198,8 +128,12 @@ class StreamAccumulator:
         if self._pending is not None:
             # The kept event is validated before the stream moves past it: an echo is reconciled
             # against every token held, and an error in the kept event is not lost.
-            self._apply(self._pending, self._pending_index, counted=True)
+            self._apply_pending()
         self._apply(data, index, counted=False)
+
+    def _apply_pending(self) -> None:
+        assert self._pending is not None
+        self._apply(self._pending, self._pending_index, counted=True)
 
     def _light_check(self, data: bytearray, index: int) -> bool:
         """Accept a non-terminal cumulative event by its reported total alone (docs/core.md)."""
@@ -348,20 +282,22 @@ class StreamAccumulator:
             text_update = text
             text_replaces = new_mode == "cumulative"
 
-        top_p = None
+        top_p = routed = None
         rows_held = self._top_p_offsets.size - 1 if self._top_p_offsets is not None else None
-        if rows_held is not None or not TOP_P_KEYS.isdisjoint(meta):
-            top_p = read_top_p(index, meta, data, spans, new_mode, held, len(new_ids), rows_held)
-        routed = self._routed
-        if "routed_experts" in meta:
-            routed = read_routed(
+        if rows_held is not None or not ARRAY_KEYS.isdisjoint(meta):
+            top_p, routed = read_arrays(
                 index,
-                decode_int32(index, "routed_experts", meta["routed_experts"], data, spans.get("routed_experts")),
-                self._expert_shape,
+                meta,
+                data,
+                spans,
+                None,
                 new_mode,
+                held,
+                len(new_ids),
+                rows_held,
+                self._expert_shape,
                 prompt,
                 completion,
-                total,
             )
 
         # ---- commit: nothing below can fail on valid input ----
@@ -377,7 +313,8 @@ class StreamAccumulator:
         if top_p is not None:
             tp_ids, tp_offsets, replace = top_p
             self._commit_top_p(tp_ids, tp_offsets, replace)
-        self._routed = routed
+        if routed is not None:
+            self._routed = routed
         if finish is not None:
             self._finish_reason = finish
         self._meta = meta  # filtered once, when a result is built
@@ -401,25 +338,6 @@ class StreamAccumulator:
         base = self._top_p_ids.size
         self._top_p_ids.extend(ids)
         self._top_p_offsets.extend(offsets[1:] + base)
-
-    def _build(self, final: bool = False) -> StreamResult:
-        """The result so far; ``final``: the buffers' storage goes to it (finish(), no copies)."""
-        result = build_result(
-            final,
-            self._mode,
-            self._ids,
-            self._logprobs if self._has_logprobs else None,
-            self._text_parts,
-            self._finish_reason,
-            self._meta,
-            self._top_p_ids,
-            self._top_p_offsets,
-            self._routed,
-            self._events,
-        )
-        if result.text is not None:
-            self._text_parts = [result.text]  # join once; later deltas append to the joined text
-        return result
 
 
 def accumulate(pieces: Iterable[bytes | bytearray | memoryview], /, **kwargs: Any) -> StreamResult:

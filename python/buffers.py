@@ -51,10 +51,6 @@ class _Buffer:
     def to_array(self) -> npt.NDArray[Any]:
         return self._array[: self.size].copy()
 
-    def hand_out(self, final: bool) -> npt.NDArray[Any]:
-        """take_array() for a final result, else to_array()."""
-        return self.take_array() if final else self.to_array()
-
     def take_array(self) -> npt.NDArray[Any]:
         # A slice would keep the spare capacity alive for as long as the result lives.
         array = self._array if self.size == self.capacity else self.to_array()

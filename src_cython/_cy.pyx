@@ -2,9 +2,9 @@
 
 The parts are included in data-flow order, and each uses only the parts before it: the three
 that mirror the pure twin's modules of the same names, then the two that only this twin has, then
-the accumulator that joins them. The per-stream rules (and every message) come from Python
-(fastaccum._policy, fastaccum._messages), so both twins run the same code for them. Directives
-are set in setup.py.
+the accumulator that joins them. The once-per-stream face of the class, the per-stream rules and
+every message come from Python (fastaccum._base, fastaccum._policy, fastaccum._messages), so both
+twins run the same code for them. Directives are set in setup.py.
 """
 
 __all__ = ("StreamAccumulator", "accumulate")

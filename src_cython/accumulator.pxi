@@ -1,5 +1,7 @@
 # ---- accumulator ------------------------------------------------------------------------------
-# SGLang /generate events to arrays, as fastaccum._py.accumulator, function by function; the
+# SGLang /generate events to arrays, as fastaccum._py.accumulator, function by function: the
+# extension type _Core holds the per-read and per-event work, and StreamAccumulator joins it to
+# fastaccum._base.AccumulatorBase (the once-per-stream face, shared with the pure twin). The
 # per-stream rules come from fastaccum._policy and the rules themselves are in docs/core.md.
 # _apply_scanned (events the scanner read) is this twin's only addition.
 
@@ -14,6 +16,7 @@ from fa_bytes cimport fa_find_bytes, fa_rfind_bytes
 
 import orjson
 
+from fastaccum._base import AccumulatorBase
 from fastaccum._messages import (
     broken,
     changed_token,
@@ -24,11 +27,8 @@ from fastaccum._messages import (
     not_json,
 )
 from fastaccum._policy import (
+    ARRAY_KEYS,
     MODES,
-    TOP_P_KEYS,
-    build_result,
-    check_options,
-    decode_int32,
     echo_start,
     echo_text,
     end_event,
@@ -36,14 +36,10 @@ from fastaccum._policy import (
     event_finish,
     event_meta,
     feed_all,
-    finish_error,
-    int32_array,
-    read_routed,
-    read_top_p,
+    read_arrays,
     refused_feed,
 )
 from fastaccum.errors import StreamError
-from fastaccum.result import snapshot_of
 
 # The modes are these three objects, compared by identity: an equality test of two str is a
 # function call in Cython, and the mode is tested several times per event.
@@ -65,88 +61,54 @@ cdef object _loads(Py_ssize_t index, object data):
         raise not_json(index, exc) from None
 
 
-cdef class StreamAccumulator(EventSink):
-    """Feeds raw SSE bytes of one SGLang /generate stream and accumulates tokens into arrays."""
+cdef class _Core(EventSink):
+    """StreamAccumulator's state and its per-read and per-event work (fastaccum._py.accumulator's
+    methods of the same names); the class below adds the once-per-stream face."""
 
-    cdef SseFramer _framer
-    cdef str _mode
-    cdef object _expert_shape
-    cdef Int32Buffer _ids
-    cdef Float64Buffer _logprobs
-    cdef object _has_logprobs  # None until the first event decides it
-    cdef list _text_parts  # None: no event carried text
-    cdef Int32Buffer _top_p_ids
-    cdef Int32Buffer _top_p_offsets
-    cdef object _routed
-    cdef dict _finish_reason
+    # Read (or, for _text_parts, _error and _result, set) by fastaccum._base.AccumulatorBase.
+    cdef readonly SseFramer _framer
+    cdef public str _mode
+    cdef public object _expert_shape
+    cdef readonly Int32Buffer _ids
+    cdef readonly Float64Buffer _logprobs
+    cdef readonly object _has_logprobs  # None until the first event decides it
+    cdef public list _text_parts  # None: no event carried text
+    cdef readonly Int32Buffer _top_p_ids
+    cdef readonly Int32Buffer _top_p_offsets
+    cdef readonly object _routed
+    cdef readonly dict _finish_reason
     cdef dict _meta
     cdef bytes _lazy_meta  # a scanned event's meta_info, parsed only when a result is built
     # ... or, while feed() runs, still in the fed piece: copied once when feed() returns, not
     # once per event.
     cdef const unsigned char* _meta_in_piece
     cdef Py_ssize_t _meta_in_piece_len
-    cdef Py_ssize_t _events  # JSON events applied or light-checked
+    cdef readonly Py_ssize_t _events  # JSON events applied or light-checked
     cdef Py_ssize_t _full_parses
-    cdef Py_ssize_t _reported  # newest total the server reported
-    cdef bytearray _pending  # newest light-checked cumulative event
+    cdef readonly Py_ssize_t _reported  # newest total the server reported
+    cdef readonly bytearray _pending  # newest light-checked cumulative event
     cdef SpanScan _pending_scan  # its streamed base64 values, if any
     cdef Py_ssize_t _pending_index
     cdef bint _done  # [DONE] seen
-    cdef object _error
-    cdef object _result
+    cdef public object _error
+    cdef public object _result
     # Staging areas: an event is read into these, validated, then committed (never half-applied).
     cdef Int32Buffer _lp_ids
     cdef Float64Buffer _lp_values
     cdef Int32Buffer _out_ids
-    cdef ChunkedDecoder _chunks  # feed_chunked()'s decoder, made on first use
+    cdef readonly ChunkedDecoder _chunks  # feed_chunked()'s decoder, made on first use
 
-    def __init__(self, mode="auto", *, expert_shape=None, max_event_bytes=None):
-        check_options(mode, expert_shape, max_event_bytes)
+    def _start(self, max_event_bytes):
+        # Every other field starts as None, 0 or False, as a new extension object's do.
         self._framer = SseFramer(max_event_bytes, self)
-        self._mode = MODES[MODES.index(mode)]
-        self._expert_shape = expert_shape
         self._ids = Int32Buffer()
         self._logprobs = Float64Buffer()
-        self._has_logprobs = None
-        self._text_parts = None
-        self._top_p_ids = None
-        self._top_p_offsets = None
-        self._routed = None
-        self._finish_reason = None
         self._meta = {}
-        self._events = 0
-        self._full_parses = 0
-        self._reported = 0
-        self._pending = None
-        self._pending_index = -1
-        self._done = False
-        self._error = None
-        self._result = None
         self._lp_ids = Int32Buffer()
         self._lp_values = Float64Buffer()
         self._out_ids = Int32Buffer()
 
-    # ---- public API ---------------------------------------------------------------------
-
-    @property
-    def mode(self):
-        """The resolved mode: "auto" until an event decides it."""
-        return self._mode
-
-    @property
-    def finished(self):
-        """A terminal finish_reason has been seen."""
-        return self._finish_reason is not None
-
-    @property
-    def events(self):
-        """JSON events seen so far (progress)."""
-        return self._events
-
-    @property
-    def tokens(self):
-        """Newest token total the stream reported (progress; light-checked events included)."""
-        return max(self._reported, self._ids.size)
+    # ---- input --------------------------------------------------------------------------
 
     def feed(self, data, /):
         """Frame and apply ``data``; return the number of events it completed ([DONE] included)."""
@@ -185,42 +147,6 @@ cdef class StreamAccumulator(EventSink):
                 self._meta_in_piece = NULL
             PyBuffer_Release(&view)
 
-    @property
-    def chunked_ended(self):
-        """``feed_chunked()`` has read the last chunk and the trailer section: the body is complete."""
-        return self._chunks is not None and self._chunks.ended
-
-    def finish(self):
-        """End of input: the final result, or StreamTruncatedError without a terminal event."""
-        if self._result is not None:
-            return self._result
-        if self._error is None:
-            framer = self._framer
-            self._error = finish_error(framer.events, framer.mid_event, framer.data, self._finish_reason is not None)
-        if self._error is not None:
-            raise self._error
-        self._result = self._build(True)
-        return self._result
-
-    def snapshot(self):
-        """The observed prefix, consistent across tokens, logprobs, text and top-p; never raises."""
-        if self._result is not None:
-            return snapshot_of(self._result)
-        if self._pending is not None:
-            try:
-                self._apply(self._pending, self._pending_index, True, self._pending_scan)
-            except StreamError:
-                # The newest light-checked event does not validate: show the verified state; the
-                # kept event stays, so the error still surfaces when the stream moves past it.
-                pass
-        return self._build()
-
-    def __repr__(self):
-        return (
-            f"<StreamAccumulator mode={self._mode!r} events={self._events} "
-            f"tokens={self.tokens} finished={self.finished}>"
-        )
-
     # ---- events -------------------------------------------------------------------------
 
     cdef int _dispatch(self, bytearray data, Py_ssize_t index, ValueStream scan) except -1:
@@ -241,6 +167,9 @@ cdef class StreamAccumulator(EventSink):
             self._apply(self._pending, self._pending_index, True, self._pending_scan)
         self._apply(data, index, False, <SpanScan>scan)
         return 0
+
+    def _apply_pending(self):
+        self._apply(self._pending, self._pending_index, True, self._pending_scan)
 
     cdef ValueStream _value_stream(self):
         return SpanScan(self._expert_shape)
@@ -448,18 +377,11 @@ cdef class StreamAccumulator(EventSink):
             text_update = text
             text_replaces = new_mode is CUMULATIVE
 
-        top_p = None
+        top_p = routed = None
         rows_held = self._top_p_offsets.size - 1 if self._top_p_offsets is not None else None
-        if rows_held is not None or (meta is not None and not TOP_P_KEYS.isdisjoint(meta)):
-            top_p = read_top_p(index, meta, data, spans, new_mode, held, new_n, rows_held)
-        routed = self._routed
-        if meta is not None and "routed_experts" in meta:
-            routed = read_routed(
-                index,
-                int32_array(index, "routed_experts", routed_block) if routed_block is not None else
-                decode_int32(index, "routed_experts", meta["routed_experts"], data, spans.get("routed_experts")),
-                self._expert_shape, new_mode, prompt, completion, total,
-            )
+        if rows_held is not None or (meta is not None and not ARRAY_KEYS.isdisjoint(meta)):
+            top_p, routed = read_arrays(index, meta, data, spans, routed_block, new_mode, held, new_n, rows_held,
+                                        self._expert_shape, prompt, completion)
 
         # ---- commit: nothing below can fail on valid input ----
         self._ids.extend(new_ids, new_n)
@@ -474,7 +396,8 @@ cdef class StreamAccumulator(EventSink):
         if top_p is not None:
             tp_ids, tp_offsets, replace = top_p
             self._commit_top_p(tp_ids, tp_offsets, replace)
-        self._routed = routed
+        if routed is not None:
+            self._routed = routed
         if finish is not None:
             self._finish_reason = finish
         self._meta = meta  # filtered once, when a result is built (None: a scanned event's, kept
@@ -514,21 +437,17 @@ cdef class StreamAccumulator(EventSink):
             self._top_p_offsets.size += 1
         return 0
 
-    cdef dict _meta_dict(self):
+    def _meta_dict(self):
         if self._lazy_meta is not None:
             self._meta = _orjson_loads(self._lazy_meta)
             self._lazy_meta = None
         return self._meta
 
-    cdef object _build(self, bint final=False):
-        """The result so far; ``final``: the buffers' storage goes to it (finish(), no copies)."""
-        result = build_result(
-            final, self._mode, self._ids, self._logprobs if self._has_logprobs else None, self._text_parts,
-            self._finish_reason, self._meta_dict(), self._top_p_ids, self._top_p_offsets, self._routed, self._events,
-        )
-        if result.text is not None:
-            self._text_parts = [result.text]  # join once; later deltas append to the joined text
-        return result
+
+class StreamAccumulator(_Core, AccumulatorBase):
+    """Feeds raw SSE bytes of one SGLang /generate stream and accumulates tokens into arrays."""
+
+    __slots__ = ()
 
 
 def accumulate(pieces, /, **kwargs):

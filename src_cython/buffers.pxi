@@ -110,10 +110,6 @@ cdef class Int32Buffer:
     cpdef object take_array(self):
         return _hand_over(<void**>&self._data, &self.size, &self.capacity, sizeof(int32_t), np.int32)
 
-    cpdef object hand_out(self, bint final):
-        """take_array() for a final result, else to_array()."""
-        return self.take_array() if final else self.to_array()
-
     cdef Py_ssize_t equals_prefix(self, const int32_t* values) noexcept:
         """Index of the first held id that differs from ``values`` (at least as long), or -1."""
         cdef Py_ssize_t i
@@ -169,7 +165,3 @@ cdef class Float64Buffer:
 
     cpdef object take_array(self):
         return _hand_over(<void**>&self._data, &self.size, &self.capacity, sizeof(double), np.float64)
-
-    cpdef object hand_out(self, bint final):
-        """take_array() for a final result, else to_array()."""
-        return self.take_array() if final else self.to_array()

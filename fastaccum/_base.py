@@ -1,0 +1,154 @@
+"""StreamAccumulator's once-per-stream face, written once: both twins' classes derive from it.
+
+The constructor and its guards, the progress properties, ``finish()``, ``snapshot()``, the repr
+and the building of a result live here; a twin supplies the per-read and per-event work
+(``feed()``, ``feed_chunked()``, framing, parsing, validation) and the state this class reads.
+The compiled twin's class is a Python subclass of its extension type and of this class, so its
+hot calls stay C calls while these run as the same Python code in both. The rules are in
+docs/core.md.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fastaccum._policy import MODES, build_result, check_options, finish_error
+from fastaccum.errors import StreamError
+from fastaccum.result import StreamResult, snapshot_of
+
+__all__ = ("AccumulatorBase",)
+
+
+class AccumulatorBase:
+    """What runs once per stream (or on demand) for StreamAccumulator, over the twin's state."""
+
+    if not TYPE_CHECKING:
+        # No __dict__ for the compiled twin's subclass; a checker would read the empty slots as
+        # forbidding the twin's attributes that this class sets.
+        __slots__ = ()
+
+    # The twin's state read here (the compiled twin exposes it to Python, writable where set here).
+    _framer: Any  # .events, .mid_event, .data: where the input stopped
+    _chunks: Any  # feed_chunked()'s decoder, None until first used
+    _mode: str
+    _expert_shape: tuple[int, int] | None
+    _ids: Any  # Int32Buffer: .size, .to_array(), .take_array()
+    _logprobs: Any  # Float64Buffer
+    _has_logprobs: bool | None
+    _text_parts: list[str] | None
+    _top_p_ids: Any
+    _top_p_offsets: Any
+    _routed: Any
+    _finish_reason: dict[str, Any] | None
+    _meta: dict[str, Any]
+    _events: int
+    _reported: int
+    _pending: bytearray | None  # the newest light-checked cumulative event, not yet validated
+    _error: StreamError | None  # the first error: every later call raises it
+    _result: StreamResult | None
+
+    def __init__(
+        self,
+        mode: str = "auto",
+        *,
+        expert_shape: tuple[int, int] | None = None,
+        max_event_bytes: int | None = None,
+    ) -> None:
+        check_options(mode, expert_shape, max_event_bytes)
+        # The modes are MODES' own str objects: the compiled twin compares them by identity.
+        self._mode = MODES[MODES.index(mode)]
+        self._expert_shape = expert_shape
+        self._error = None
+        self._result = None
+        self._start(max_event_bytes)
+
+    def _start(self, max_event_bytes: int | None) -> None:
+        """The twin's framer, buffers and per-event state."""
+        raise NotImplementedError
+
+    def _apply_pending(self) -> None:
+        """Validate and apply the newest light-checked event (``_pending``)."""
+        raise NotImplementedError
+
+    def _meta_dict(self) -> dict[str, Any]:
+        """The newest applied event's meta_info."""
+        return self._meta
+
+    # ---- progress -----------------------------------------------------------------------
+
+    @property
+    def mode(self) -> str:
+        """The resolved mode: "auto" until an event decides it."""
+        return self._mode
+
+    @property
+    def finished(self) -> bool:
+        """A terminal finish_reason has been seen."""
+        return self._finish_reason is not None
+
+    @property
+    def events(self) -> int:
+        """JSON events seen so far (progress)."""
+        return self._events
+
+    @property
+    def tokens(self) -> int:
+        """Newest token total the stream reported (progress; light-checked events included)."""
+        return max(self._reported, self._ids.size)
+
+    @property
+    def chunked_ended(self) -> bool:
+        """``feed_chunked()`` has read the last chunk and the trailer section: the body is complete."""
+        return self._chunks is not None and bool(self._chunks.ended)
+
+    # ---- results ------------------------------------------------------------------------
+
+    def finish(self) -> StreamResult:
+        """End of input: the final result, or StreamTruncatedError without a terminal event."""
+        if self._result is not None:
+            return self._result
+        if self._error is None:
+            framer = self._framer
+            self._error = finish_error(framer.events, framer.mid_event, framer.data, self._finish_reason is not None)
+        if self._error is not None:
+            raise self._error
+        self._result = self._build(final=True)
+        return self._result
+
+    def snapshot(self) -> StreamResult:
+        """The observed prefix, consistent across tokens, logprobs, text and top-p; never raises."""
+        if self._result is not None:
+            return snapshot_of(self._result)
+        if self._pending is not None:
+            try:
+                self._apply_pending()
+            except StreamError:
+                # The newest light-checked event does not validate: show the verified state; the
+                # kept event stays, so the error still surfaces when the stream moves past it.
+                pass
+        return self._build()
+
+    def __repr__(self) -> str:
+        return (
+            f"<StreamAccumulator mode={self._mode!r} events={self._events} "
+            f"tokens={self.tokens} finished={self.finished}>"
+        )
+
+    def _build(self, final: bool = False) -> StreamResult:
+        """The result so far; ``final``: the buffers' storage goes to it (finish(), no copies)."""
+        result = build_result(
+            final,
+            self._mode,
+            self._ids,
+            self._logprobs if self._has_logprobs else None,
+            self._text_parts,
+            self._finish_reason,
+            self._meta_dict(),
+            self._top_p_ids,
+            self._top_p_offsets,
+            self._routed,
+            self._events,
+        )
+        if result.text is not None:
+            self._text_parts = [result.text]  # join once; later deltas append to the joined text
+        return result
