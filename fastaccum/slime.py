@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import threading
 import uuid
 import weakref
@@ -125,10 +126,13 @@ class _Settings:
         transport = getattr(args, "fastaccum_transport", None) or "client"
         if transport not in ("client", "aiohttp"):
             raise ValueError(f"fastaccum_transport must be 'client' or 'aiohttp', not {transport!r}")
-        coalesce_ms = getattr(args, "fastaccum_coalesce_ms", None)
-        coalesce_ms = DEFAULT_COALESCE_MS if coalesce_ms is None else float(coalesce_ms)
+        raw_window = getattr(args, "fastaccum_coalesce_ms", None)
+        try:
+            coalesce_ms = DEFAULT_COALESCE_MS if raw_window is None else float(raw_window)
+        except (TypeError, ValueError):
+            coalesce_ms = math.nan
         if not coalesce_ms >= 0:
-            raise ValueError(f"fastaccum_coalesce_ms must be a number >= 0, not {coalesce_ms!r}")
+            raise ValueError(f"fastaccum_coalesce_ms must be a number >= 0, not {raw_window!r}")
         read_timeout = getattr(args, "fastaccum_read_timeout", None)
         max_event_bytes = getattr(args, "fastaccum_max_event_bytes", None)
         return cls(

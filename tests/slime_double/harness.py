@@ -621,7 +621,11 @@ def scenario_budget_and_headers(env: SlimeEnv) -> None:
         params["max_new_tokens"] = None
         with pytest.raises(ValueError, match="rollout-max-response-len"):
             env.run(fs.generate(args, new_sample(env, 1), params))
-        for key, value in (("fastaccum_transport", "httpx"), ("fastaccum_coalesce_ms", -1)):
+        for key, value in (
+            ("fastaccum_transport", "httpx"),
+            ("fastaccum_coalesce_ms", -1),
+            ("fastaccum_coalesce_ms", "x"),
+        ):
             bad = make_args(env, emu, **{key: value})
             with pytest.raises(ValueError, match=key):
                 env.run(fs.generate(bad, new_sample(env, 2), sampling_params(env, bad)))
