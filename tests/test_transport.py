@@ -9,19 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
-import numpy as np
+import client_helpers
 import pytest
 import uvloop
 from aiohttp import web
+from client_helpers import PROMPT, assert_matches, payload, run
 
 import fastaccum
-import fastaccum.client as client_module
 from fastaccum import (
     ServerError,
     StreamConnectionError,
@@ -34,15 +35,10 @@ from fastaccum.client import STREAM_TIMEOUT, GenerateStream
 from fastaccum.emulator import Emulator
 from fastaccum.wire import WireOptions, chunk_encode, normal_event, sse, synthetic_generation
 
-T = TypeVar("T")
-PROMPT = [101, 102, 103, 104]
+# Abort storms and coalescing windows on a loaded 2-core machine: wait longer than test_client.py.
+wait_until = functools.partial(client_helpers.wait_until, timeout=30.0)
+
 Make = Callable[..., Any]  # (payload, **stream options) -> a stream with run()/abort()
-
-
-@pytest.fixture
-def twin(impl: ModuleType, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.setattr(client_module, "StreamAccumulator", impl.StreamAccumulator)
-    return impl
 
 
 class Transport:
@@ -69,31 +65,6 @@ class Transport:
 @pytest.fixture(params=["aiohttp", "client"])
 def transport(request: pytest.FixtureRequest, twin: ModuleType) -> Transport:
     return Transport(request.param)
-
-
-def run(coro: Awaitable[T]) -> T:
-    return asyncio.run(coro)  # type: ignore[arg-type]
-
-
-def payload(rid: str, n: int, **extra: Any) -> dict[str, Any]:
-    params = {"max_new_tokens": n, **extra.pop("sampling_params", {})}
-    return {"input_ids": PROMPT, "rid": rid, "return_logprob": True, "sampling_params": params, **extra}
-
-
-async def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.005)
-
-
-def assert_matches(emulator: Emulator, rid: str, result: StreamResult) -> None:
-    n = len(result)
-    gen = emulator.expected(rid, n, prompt_tokens=len(PROMPT))
-    assert np.array_equal(result.token_ids, np.asarray(gen.token_ids, dtype=np.int32))
-    if n:
-        assert result.logprobs is not None and np.array_equal(result.logprobs, np.asarray(gen.logprobs))
-        assert result.text == gen.text(0, n)
 
 
 class CountingEmulator(Emulator):
