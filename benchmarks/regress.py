@@ -48,6 +48,7 @@ def run_pytest(node_ids: Sequence[str], extra: Sequence[str] = ()) -> Ratios:
         out = os.path.join(tmp, "bench.json")
         cmd = [
             sys.executable,
+            "-P",  # run from the repository root: the source tree must not shadow the installed package
             "-m",
             "pytest",
             *node_ids,
