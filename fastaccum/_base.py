@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import numpy.typing as npt
+
 from fastaccum._policy import MODES, build_result, check_options, finish_error
 from fastaccum.errors import StreamError
 from fastaccum.result import StreamResult, snapshot_of
@@ -36,9 +39,9 @@ class AccumulatorBase:
     _logprobs: Any  # Float64Buffer
     _has_logprobs: bool | None
     _text_parts: list[str] | None
-    _top_p_ids: Any
-    _top_p_offsets: Any
-    _routed: Any
+    _top_p: list[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]] | None  # (ids, offsets) per event
+    _top_p_rows: int | None  # rows held; None: no event carried top-p
+    _routed: npt.NDArray[np.int32] | None
     _finish_reason: dict[str, Any] | None
     _meta: dict[str, Any]
     _events: int
@@ -73,6 +76,29 @@ class AccumulatorBase:
     def _meta_dict(self) -> dict[str, Any]:
         """The newest applied event's meta_info."""
         return self._meta
+
+    def _commit_parsed(
+        self,
+        meta: dict[str, Any],
+        finish: dict[str, Any] | None,
+        top_p: tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], bool] | None,
+        routed: npt.NDArray[np.int32] | None,
+    ) -> None:
+        """The last step of a twin's commit of an event parsed by orjson (every event in the pure
+        twin; terminal and unusual ones in the compiled twin): what only such an event carries.
+        ``top_p``: read_top_p's answer. Cannot fail."""
+        if top_p is not None:
+            ids, offsets, replace = top_p
+            if replace or self._top_p is None:
+                self._top_p = []
+                self._top_p_rows = 0
+            self._top_p.append((ids, offsets))  # joined once, when a result is built
+            self._top_p_rows = (self._top_p_rows or 0) + offsets.shape[0] - 1
+        if routed is not None:
+            self._routed = routed
+        if finish is not None:
+            self._finish_reason = finish
+        self._meta = meta  # filtered once, when a result is built
 
     # ---- progress -----------------------------------------------------------------------
 
@@ -144,8 +170,7 @@ class AccumulatorBase:
             self._text_parts,
             self._finish_reason,
             self._meta_dict(),
-            self._top_p_ids,
-            self._top_p_offsets,
+            self._top_p,
             self._routed,
             self._events,
         )

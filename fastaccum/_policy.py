@@ -11,11 +11,12 @@ docs/core.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import orjson
 import pybase64
 
 from fastaccum._messages import (
@@ -29,6 +30,7 @@ from fastaccum._messages import (
     input_ended,
     not_an_object,
     not_bytes,
+    not_json,
     routed_size,
     server_error,
     top_p_half,
@@ -47,6 +49,7 @@ __all__ = (
     "refused_feed",
     "finish_error",
     "end_event",
+    "read_event",
     "event_meta",
     "event_finish",
     "event_counts",
@@ -141,6 +144,39 @@ def end_event(index: int, done: bool, finished: bool, is_done: bool) -> None:
 
 
 # ---- a parsed event ---------------------------------------------------------------------------
+
+
+def read_event(
+    index: int,
+    data: bytearray,
+    json_bytes: bytes | bytearray,
+    spans: dict[str, tuple[int, int]],
+    original: Callable[[bytearray], bytes] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, tuple[int, int]], dict[str, Any] | None, bool]:
+    """Parse an event with orjson: (the event, its meta_info, ``spans``, finish_reason or None,
+    whether it is an abort echo).
+
+    ``json_bytes`` is ``data`` with the base64 values at ``spans`` emptied (fastaccum._spans). If
+    a cut landed outside meta_info (not SGLang's shape), the whole event is parsed again and the
+    spans come back empty; ``original(data)`` gives its bytes when ``data`` no longer holds them
+    (the compiled twin's streamed routed experts)."""
+    obj = _loads(index, json_bytes)
+    meta = event_meta(index, obj)
+    for key in spans:
+        if meta.get(key) != "":
+            spans = {}
+            obj = _loads(index, original(data) if original is not None else data)
+            meta = obj["meta_info"]
+            break
+    finish, echo = event_finish(index, meta)
+    return obj, meta, spans, finish, echo
+
+
+def _loads(index: int, data: bytes | bytearray) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise not_json(index, exc) from None
 
 
 def event_meta(index: int, obj: object) -> dict[str, Any]:
@@ -384,6 +420,18 @@ def _hand_out(buffer: Any, final: bool) -> npt.NDArray[Any]:
     return array
 
 
+def _join_top_p(
+    parts: list[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]],
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+    """One CSR (new arrays) from the rows of each event: later offsets move by the ids before them."""
+    offsets = [parts[0][1]]
+    base = parts[0][0].shape[0]
+    for ids, more in parts[1:]:
+        offsets.append(more[1:] + base)
+        base += ids.shape[0]
+    return np.concatenate([ids for ids, _ in parts]), np.concatenate(offsets)
+
+
 def build_result(
     final: bool,
     mode: str,
@@ -392,17 +440,17 @@ def build_result(
     text_parts: list[str] | None,
     finish_reason: dict[str, Any] | None,
     meta: dict[str, Any],
-    top_p_ids: Any,
-    top_p_offsets: Any,
+    top_p: list[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]] | None,
     routed: npt.NDArray[np.int32] | None,
     events: int,
 ) -> StreamResult:
-    """The result so far, from the twin's buffers (``logprobs`` None: the stream has none; top-p
-    None: none yet): copies of them, or for ``final`` (finish()) their storage itself. Text parts
-    are joined here; meta_info loses the lists and arrays the result carries as arrays."""
-    top_p = None
-    if top_p_ids is not None and top_p_offsets is not None:
-        top_p = _hand_out(top_p_ids, final), _hand_out(top_p_offsets, final)
+    """The result so far, from the twin's buffers (``logprobs`` None: the stream has none):
+    copies of them, or for ``final`` (finish()) their storage itself. Text parts and the top-p
+    rows of each event (None: none yet) are joined here; meta_info loses the lists and arrays the
+    result carries as arrays."""
+    top_p_ids = top_p_offsets = None
+    if top_p is not None:
+        top_p_ids, top_p_offsets = _join_top_p(top_p)
     token_ids = _hand_out(ids, final)
     text = None
     if text_parts is not None:
@@ -415,8 +463,8 @@ def build_result(
         finish_reason=dict(finish_reason) if finish_reason is not None else None,
         meta_info={k: v for k, v in meta.items() if k not in _DROPPED_META},
         completion_tokens=int(token_ids.shape[0]),
-        top_p_token_ids=top_p[0] if top_p is not None else None,
-        top_p_token_offsets=top_p[1] if top_p is not None else None,
+        top_p_token_ids=top_p_ids,
+        top_p_token_offsets=top_p_offsets,
         routed_experts=routed,
         events=events,
     )

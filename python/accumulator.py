@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import orjson
 
 from fastaccum._base import AccumulatorBase
 from fastaccum._messages import (
@@ -23,7 +22,6 @@ from fastaccum._messages import (
     lengths_disagree,
     logprobs_switched,
     mode_mismatch,
-    not_json,
 )
 from fastaccum._policy import (
     ARRAY_KEYS,
@@ -31,16 +29,16 @@ from fastaccum._policy import (
     echo_text,
     end_event,
     event_counts,
-    event_finish,
-    event_meta,
     feed_all,
     read_arrays,
+    read_event,
     refused_feed,
 )
 from fastaccum._py.buffers import Float64Buffer, Int32Buffer
 from fastaccum._py.chunked import ChunkedDecoder
-from fastaccum._py.fields import cut_b64_spans, read_id_list, read_logprob_list, read_uint_at
+from fastaccum._py.fields import read_id_list, read_logprob_list, read_uint_at
 from fastaccum._py.framing import SseFramer
+from fastaccum._spans import cut_b64_spans
 from fastaccum.errors import StreamError
 from fastaccum.result import StreamResult
 
@@ -51,13 +49,6 @@ _FULL_PARSES_BEFORE_LIGHT = 2
 _LIGHT_PREFIXES = (b'{"text":', b'{"output_ids":')
 _FINISH_KEY = b'"finish_reason":'
 _COMPLETION_KEY = b'"completion_tokens":'
-
-
-def _loads(index: int, data: bytes | bytearray) -> Any:
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise not_json(index, exc) from None
 
 
 # ---- accumulator ------------------------------------------------------------------------------
@@ -72,8 +63,8 @@ class StreamAccumulator(AccumulatorBase):
         self._logprobs = Float64Buffer()
         self._has_logprobs = None  # decided by the first event
         self._text_parts = None  # None: no event carried text
-        self._top_p_ids: Int32Buffer | None = None
-        self._top_p_offsets: Int32Buffer | None = None
+        self._top_p = None  # None: no event carried top-p
+        self._top_p_rows = None
         self._routed: npt.NDArray[np.int32] | None = None
         self._finish_reason = None
         self._meta = {}
@@ -159,16 +150,7 @@ class StreamAccumulator(AccumulatorBase):
     def _apply(self, data: bytearray, index: int, *, counted: bool) -> None:
         """Parse one event and read its fields, then hand it to _commit (nothing half-applied)."""
         json_bytes, spans = cut_b64_spans(data)
-        obj = _loads(index, json_bytes)
-        meta = event_meta(index, obj)
-        for key in spans:
-            if meta.get(key) != "":
-                # The cut landed outside meta_info (not SGLang's shape): parse the whole event.
-                spans = {}
-                obj = _loads(index, data)
-                meta = obj["meta_info"]
-                break
-        finish, echo = event_finish(index, meta)
+        obj, meta, spans, finish, echo = read_event(index, data, json_bytes, spans)
         ids_field = read_id_list(index, "output_ids", obj["output_ids"]) if "output_ids" in obj else None
         has_logprobs = "output_token_logprobs" in meta
         lp_ids: list[int] | None = None
@@ -283,8 +265,7 @@ class StreamAccumulator(AccumulatorBase):
             text_replaces = new_mode == "cumulative"
 
         top_p = routed = None
-        rows_held = self._top_p_offsets.size - 1 if self._top_p_offsets is not None else None
-        if rows_held is not None or not ARRAY_KEYS.isdisjoint(meta):
+        if self._top_p_rows is not None or not ARRAY_KEYS.isdisjoint(meta):
             top_p, routed = read_arrays(
                 index,
                 meta,
@@ -294,7 +275,7 @@ class StreamAccumulator(AccumulatorBase):
                 new_mode,
                 held,
                 len(new_ids),
-                rows_held,
+                self._top_p_rows,
                 self._expert_shape,
                 prompt,
                 completion,
@@ -310,14 +291,7 @@ class StreamAccumulator(AccumulatorBase):
                 self._text_parts = [text_update]
             else:
                 self._text_parts.append(text_update)  # joined once, when a result is built
-        if top_p is not None:
-            tp_ids, tp_offsets, replace = top_p
-            self._commit_top_p(tp_ids, tp_offsets, replace)
-        if routed is not None:
-            self._routed = routed
-        if finish is not None:
-            self._finish_reason = finish
-        self._meta = meta  # filtered once, when a result is built
+        self._commit_parsed(meta, finish, top_p, routed)
         self._mode = new_mode
         if not counted:
             self._events += 1
@@ -329,15 +303,6 @@ class StreamAccumulator(AccumulatorBase):
         at = self._ids.equals_prefix(full_ids)
         if at >= 0:
             raise changed_token(index, at, self._ids[at], full_ids[at])
-
-    def _commit_top_p(self, ids: npt.NDArray[np.int32], offsets: npt.NDArray[np.int32], replace: bool) -> None:
-        if self._top_p_ids is None or self._top_p_offsets is None or replace:
-            self._top_p_ids = Int32Buffer()
-            self._top_p_offsets = Int32Buffer()
-            self._top_p_offsets.extend([0])
-        base = self._top_p_ids.size
-        self._top_p_ids.extend(ids)
-        self._top_p_offsets.extend(offsets[1:] + base)
 
 
 def accumulate(pieces: Iterable[bytes | bytearray | memoryview], /, **kwargs: Any) -> StreamResult:

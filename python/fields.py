@@ -1,5 +1,5 @@
-"""Field readers: token ids, logprob triples and counts from a parsed event, and the base64
-values cut out of the event bytes before parsing (so no Python str is built for them)."""
+"""Field readers: token ids, logprob triples and counts from a parsed event, and the one count
+the light check reads from the raw bytes."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ from fastaccum._messages import (
     bad_token_id,
     wrong_type,
 )
-from fastaccum._policy import B64_KEYS
 
-__all__ = ("read_id_list", "read_logprob_list", "read_uint_at", "cut_b64_spans", "reappears")
+__all__ = ("read_id_list", "read_logprob_list", "read_uint_at")
 
 _TOKEN_ID_LIMIT = 2**31
 
@@ -66,62 +65,3 @@ def read_uint_at(data: bytearray, pos: int) -> int:
     if end == pos or end - pos > 18 or end >= len(data) or data[end] not in b",}":
         return -1
     return int(data[pos:end])
-
-
-# ---- base64 values ----------------------------------------------------------------------------
-
-_QUOTED: tuple[bytes, ...] = tuple(b'"' + key.encode() for key in B64_KEYS)
-
-
-def cut_b64_spans(data: bytearray) -> tuple[bytes | bytearray, dict[str, tuple[int, int]]]:
-    """Find each base64 value in the event bytes and return the JSON with those values emptied.
-
-    One forward scan for ``":"`` (a key followed by a string value) that jumps over each value it
-    takes, so a gigabyte of base64 is read once (by memchr) and absent keys cost nothing extra.
-    A JSON string never contains an unescaped quote, so a match is a real key, or, in hostile
-    input, something the caller's check of the parsed placeholders rejects. A value holding a
-    backslash (an escape orjson never writes) is left for orjson to parse.
-    Returns (json bytes, {key: (start, end) of the value inside ``data``}).
-    """
-    if data.find(b'_experts":"') < 0 and data.find(b'"top_p_') < 0:
-        return data, {}
-    spans: dict[str, tuple[int, int]] = {}
-    pos = 0
-    while len(spans) < len(B64_KEYS):
-        at = data.find(b'":"', pos)
-        if at < 0:
-            break
-        key = _key_before(data, at, spans)
-        if key is None:
-            pos = at + 1
-            continue
-        start = at + 3
-        end = data.find(b'"', start)
-        if end < 0:
-            break
-        if data.find(b"\\", start, end) < 0:
-            spans[key] = (start, end)
-        pos = end
-    if not spans or reappears(data, spans):
-        return data, {}
-    parts: list[bytes | bytearray] = []
-    pos = 0
-    for start, end in sorted(spans.values()):
-        parts.append(data[pos:start])
-        pos = end
-    parts.append(data[pos:])
-    return b"".join(parts), spans
-
-
-def reappears(data: bytes | bytearray, spans: dict[str, tuple[int, int]]) -> bool:
-    """A cut key occurs again after its value (hostile input): orjson's reading must decide."""
-    return any(data.find(b'"' + key.encode() + b'":', end) >= 0 for key, (_, end) in spans.items())
-
-
-def _key_before(data: bytearray, at: int, spans: dict[str, tuple[int, int]]) -> str | None:
-    """The base64 key (not yet taken) whose quoted name ends at ``at``, or None."""
-    for key, quoted in zip(B64_KEYS, _QUOTED):
-        begin = at - len(quoted)
-        if begin >= 0 and key not in spans and data[begin:at] == quoted:
-            return key
-    return None

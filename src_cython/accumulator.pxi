@@ -24,7 +24,6 @@ from fastaccum._messages import (
     lengths_disagree,
     logprobs_switched,
     mode_mismatch,
-    not_json,
 )
 from fastaccum._policy import (
     ARRAY_KEYS,
@@ -33,12 +32,12 @@ from fastaccum._policy import (
     echo_text,
     end_event,
     event_counts,
-    event_finish,
-    event_meta,
     feed_all,
     read_arrays,
+    read_event,
     refused_feed,
 )
+from fastaccum._spans import cut_b64_spans, cut_spans, reappears
 from fastaccum.errors import StreamError
 
 # The modes are these three objects, compared by identity: an equality test of two str is a
@@ -51,21 +50,13 @@ cdef Py_ssize_t _FULL_PARSES_BEFORE_LIGHT = 2
 cdef const char* _FINISH_KEY = b'"finish_reason":'
 cdef const char* _COMPLETION_KEY = b'"completion_tokens":'
 _orjson_loads = orjson.loads
-_JSONDecodeError = orjson.JSONDecodeError
-
-
-cdef object _loads(Py_ssize_t index, object data):
-    try:
-        return _orjson_loads(data)
-    except _JSONDecodeError as exc:
-        raise not_json(index, exc) from None
 
 
 cdef class _Core(EventSink):
     """StreamAccumulator's state and its per-read and per-event work (fastaccum._py.accumulator's
     methods of the same names); the class below adds the once-per-stream face."""
 
-    # Read (or, for _text_parts, _error and _result, set) by fastaccum._base.AccumulatorBase.
+    # Read by fastaccum._base.AccumulatorBase, which also sets the public ones.
     cdef readonly SseFramer _framer
     cdef public str _mode
     cdef public object _expert_shape
@@ -73,11 +64,11 @@ cdef class _Core(EventSink):
     cdef readonly Float64Buffer _logprobs
     cdef readonly object _has_logprobs  # None until the first event decides it
     cdef public list _text_parts  # None: no event carried text
-    cdef readonly Int32Buffer _top_p_ids
-    cdef readonly Int32Buffer _top_p_offsets
-    cdef readonly object _routed
-    cdef readonly dict _finish_reason
-    cdef dict _meta
+    cdef public list _top_p  # None: no event carried top-p
+    cdef public object _top_p_rows
+    cdef public object _routed
+    cdef public dict _finish_reason
+    cdef public dict _meta
     cdef bytes _lazy_meta  # a scanned event's meta_info, parsed only when a result is built
     # ... or, while feed() runs, still in the fed piece: copied once when feed() returns, not
     # once per event.
@@ -238,21 +229,15 @@ cdef class _Core(EventSink):
             if reappears(data, scan.spans):
                 json_bytes, spans = (scan.original(data) if scan.block is not None else data), {}
             else:
-                json_bytes, spans = _cut_spans(data, scan.spans)
+                json_bytes, spans = cut_spans(data, scan.spans)
                 routed_block = scan.block
         else:
             json_bytes, spans = cut_b64_spans(data)
-        obj = _loads(index, json_bytes)
-        meta = event_meta(index, obj)
-        for key in spans:
-            if meta.get(key) != "":
-                # The cut landed outside meta_info (not SGLang's shape): parse the whole event.
-                spans = {}
-                obj = _loads(index, scan.original(data) if routed_block is not None else data)
-                meta = obj["meta_info"]
-                routed_block = None
-                break
-        finish, echo = event_finish(index, meta)
+        obj, meta, spans, finish, echo = read_event(
+            index, data, json_bytes, spans, scan.original if routed_block is not None else None
+        )
+        if not spans:
+            routed_block = None  # parsed whole, from the original bytes
         has_output_ids = "output_ids" in obj
         if has_output_ids:
             read_id_list(index, "output_ids", obj["output_ids"], self._out_ids)
@@ -378,10 +363,9 @@ cdef class _Core(EventSink):
             text_replaces = new_mode is CUMULATIVE
 
         top_p = routed = None
-        rows_held = self._top_p_offsets.size - 1 if self._top_p_offsets is not None else None
-        if rows_held is not None or (meta is not None and not ARRAY_KEYS.isdisjoint(meta)):
-            top_p, routed = read_arrays(index, meta, data, spans, routed_block, new_mode, held, new_n, rows_held,
-                                        self._expert_shape, prompt, completion)
+        if self._top_p_rows is not None or (meta is not None and not ARRAY_KEYS.isdisjoint(meta)):
+            top_p, routed = read_arrays(index, meta, data, spans, routed_block, new_mode, held, new_n,
+                                        self._top_p_rows, self._expert_shape, prompt, completion)
 
         # ---- commit: nothing below can fail on valid input ----
         self._ids.extend(new_ids, new_n)
@@ -393,15 +377,9 @@ cdef class _Core(EventSink):
                 self._text_parts = [text_update]
             else:
                 self._text_parts.append(text_update)  # joined once, when a result is built
-        if top_p is not None:
-            tp_ids, tp_offsets, replace = top_p
-            self._commit_top_p(tp_ids, tp_offsets, replace)
-        if routed is not None:
-            self._routed = routed
-        if finish is not None:
-            self._finish_reason = finish
-        self._meta = meta  # filtered once, when a result is built (None: a scanned event's, kept
-        self._lazy_meta = None  # as bytes by _apply_scanned until then)
+        if meta is not None:
+            self._commit_parsed(meta, finish, top_p, routed)
+        self._lazy_meta = None  # a scanned event's meta_info: _apply_scanned keeps it as bytes
         self._meta_in_piece = NULL
         self._mode = new_mode
         if not counted:
@@ -416,25 +394,6 @@ cdef class _Core(EventSink):
         cdef Py_ssize_t at = self._ids.equals_prefix(full_ids)
         if at >= 0:
             raise changed_token(index, at, self._ids._data[at], full_ids[at])
-        return 0
-
-    cdef int _commit_top_p(self, object ids, object offsets, bint replace) except -1:
-        cdef const int32_t[::1] id_view = ids
-        cdef const int32_t[::1] offset_view = offsets
-        cdef int32_t zero = 0
-        cdef int32_t base
-        cdef Py_ssize_t i, n = offset_view.shape[0]
-        if self._top_p_ids is None or self._top_p_offsets is None or replace:
-            self._top_p_ids = Int32Buffer()
-            self._top_p_offsets = Int32Buffer()
-            self._top_p_offsets.extend(&zero, 1)
-        base = <int32_t>self._top_p_ids.size
-        if id_view.shape[0]:
-            self._top_p_ids.extend(&id_view[0], id_view.shape[0])
-        self._top_p_offsets.reserve(n - 1)
-        for i in range(1, n):
-            self._top_p_offsets._data[self._top_p_offsets.size] = offset_view[i] + base
-            self._top_p_offsets.size += 1
         return 0
 
     def _meta_dict(self):

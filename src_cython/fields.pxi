@@ -1,18 +1,13 @@
 # ---- field readers ----------------------------------------------------------------------------
-# Token ids, logprob triples and counts from a parsed event, and the base64 values cut out of the
-# event bytes before parsing, as fastaccum._py.fields; ids and logprobs go straight into buffers.
+# Token ids, logprob triples and counts from a parsed event, and the one count the light check
+# reads from the raw bytes, as fastaccum._py.fields; ids and logprobs go straight into buffers.
 
-from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.exc cimport PyErr_Clear, PyErr_Occurred
 from cpython.float cimport PyFloat_AS_DOUBLE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.object cimport PyObject
 from libc.math cimport NAN
 from libc.stdint cimport int32_t, int64_t
-from libc.string cimport memcmp, memcpy
-
-from fa_bytes cimport fa_find_bytes
 
 from fastaccum._messages import (
     LOGPROBS,
@@ -20,7 +15,6 @@ from fastaccum._messages import (
     bad_token_id,
     wrong_type,
 )
-from fastaccum._policy import B64_KEYS
 
 cdef extern from "Python.h":
     bint PyLong_CheckExact(PyObject*)
@@ -132,99 +126,3 @@ cdef Py_ssize_t read_uint_at(const char* data, Py_ssize_t n, Py_ssize_t pos) noe
     if end == pos or end - pos > 18 or end >= n or (data[end] != 44 and data[end] != 125):
         return -1
     return value
-
-
-# ---- base64 values ----------------------------------------------------------------------------
-
-cdef tuple _QUOTED = tuple(b'"' + key.encode() for key in B64_KEYS)
-
-
-cdef tuple cut_b64_spans(bytearray data):
-    """Find each base64 value in the event bytes and return the JSON with those values emptied.
-
-    One forward scan for ``":"`` (a key followed by a string value) that jumps over each value it
-    takes, so a gigabyte of base64 is read once (by memchr) and absent keys cost nothing extra.
-    A JSON string never contains an unescaped quote, so a match is a real key, or, in hostile
-    input, something the caller's check of the parsed placeholders rejects. A value holding a
-    backslash (an escape orjson never writes) is left for orjson to parse.
-    Returns (json bytes, {key: (start, end) of the value inside ``data``}).
-    """
-    cdef const char* buf = PyByteArray_AS_STRING(data)
-    cdef Py_ssize_t n = PyByteArray_GET_SIZE(data)
-    cdef Py_ssize_t at, start, end, pos, k
-    cdef dict spans
-    if fa_find_bytes(buf, n, b'_experts":"', 11, 0) < 0 and fa_find_bytes(buf, n, b'"top_p_', 7, 0) < 0:
-        return data, {}
-    spans = {}
-    pos = 0
-    while len(spans) < 5:
-        at = fa_find_bytes(buf, n, b'":"', 3, pos)
-        if at < 0:
-            break
-        k = _key_before(buf, at, spans)
-        if k < 0:
-            pos = at + 1
-            continue
-        start = at + 3
-        end = fa_find_bytes(buf, n, b'"', 1, start)
-        if end < 0:
-            break
-        if fa_find_bytes(buf, end, b"\\", 1, start) < 0:
-            spans[B64_KEYS[k]] = (start, end)
-        pos = end
-    if reappears(data, spans):
-        return data, {}
-    return _cut_spans(data, spans)
-
-
-cdef bint reappears(bytearray data, dict spans) except -1:
-    """A cut key occurs again after its value (hostile input): orjson's reading must decide."""
-    cdef const char* buf = PyByteArray_AS_STRING(data)
-    cdef Py_ssize_t n = PyByteArray_GET_SIZE(data)
-    cdef bytes pattern
-    for key, (start, end) in spans.items():
-        pattern = b'"' + key.encode() + b'":'
-        if fa_find_bytes(buf, n, pattern, len(pattern), end) >= 0:
-            return True
-    return False
-
-
-cdef tuple _cut_spans(bytearray data, dict spans):
-    """The event bytes with the given value spans emptied."""
-    cdef const char* buf = PyByteArray_AS_STRING(data)
-    cdef Py_ssize_t n = PyByteArray_GET_SIZE(data)
-    cdef Py_ssize_t start, end, pos, total, k, count = 0
-    cdef Py_ssize_t starts[5]
-    cdef Py_ssize_t ends[5]
-    cdef bytes out
-    cdef char* dst
-    if not spans:
-        return data, {}
-    for start, end in sorted(spans.values()):
-        starts[count] = start
-        ends[count] = end
-        count += 1
-    total = n
-    for k in range(count):
-        total -= ends[k] - starts[k]
-    out = PyBytes_FromStringAndSize(NULL, total)
-    dst = PyBytes_AS_STRING(out)
-    pos = 0
-    for k in range(count):
-        memcpy(dst, buf + pos, starts[k] - pos)
-        dst += starts[k] - pos
-        pos = ends[k]
-    memcpy(dst, buf + pos, n - pos)
-    return out, spans
-
-
-cdef Py_ssize_t _key_before(const char* buf, Py_ssize_t at, dict spans) except -2:
-    """Index in B64_KEYS of the key (not yet taken) whose quoted name ends at ``at``, or -1."""
-    cdef Py_ssize_t k, m
-    cdef bytes quoted
-    for k in range(5):
-        quoted = <bytes>_QUOTED[k]
-        m = len(quoted)
-        if at - m >= 0 and memcmp(buf + at - m, <const char*>quoted, m) == 0 and B64_KEYS[k] not in spans:
-            return k
-    return -1

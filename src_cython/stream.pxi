@@ -1,7 +1,7 @@
 # ---- streamed base64 (compiled twin only) -----------------------------------------------------
 # The routed-experts value of a terminal event can be hundreds of MB of base64 in one line.
-# Once an event grows past STREAM_AFTER_BYTES, the framer runs the span scan of cut_b64_spans
-# (fields.pxi) while the bytes arrive; inside the routed_experts value it decodes whole base64 quanta of each
+# Once an event grows past STREAM_AFTER_BYTES, the framer runs the span scan of
+# fastaccum._spans.cut_b64_spans while the bytes arrive; inside the routed_experts value it decodes whole base64 quanta of each
 # piece into a Block instead of holding the line. Anything unusual (a backslash, padding before
 # the end, a bad character, the line ending inside the value) puts the exact original bytes back
 # into the event ("de-streaming") and the event takes the ordinary path, so results and errors
@@ -11,13 +11,15 @@ from cpython.buffer cimport PyBUF_READ
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.memoryview cimport PyMemoryView_FromMemory
-from libc.string cimport memchr, memcpy
+from libc.string cimport memchr, memcmp, memcpy
 
 from fa_base64 cimport fa_b64_decode, fa_b64_decode_plain, fa_b64_setup, fa_b64_simd
 from fa_bytes cimport fa_find_bytes, fa_rfind_bytes
 from fa_mman cimport fa_advise_huge, fa_map, fa_remap, fa_unmap
 
 import pybase64
+
+from fastaccum._policy import B64_KEYS
 
 # Whole unpadded quanta are decoded straight into a Block by fa_base64.h's AVX2 loop where the CPU
 # has it: a routed-experts value arrives as hundreds of MB of base64, and decoding into a new bytes
@@ -80,8 +82,23 @@ cdef class Block:
         pass
 
 
+cdef tuple _QUOTED = tuple(b'"' + key.encode() for key in B64_KEYS)
+
+
+cdef Py_ssize_t _key_before(const char* buf, Py_ssize_t at, dict spans) except -2:
+    """Index in B64_KEYS of the key (not yet taken) whose quoted name ends at ``at``, or -1."""
+    cdef Py_ssize_t k, m
+    cdef bytes quoted
+    for k in range(5):
+        quoted = <bytes>_QUOTED[k]
+        m = len(quoted)
+        if at - m >= 0 and memcmp(buf + at - m, <const char*>quoted, m) == 0 and B64_KEYS[k] not in spans:
+            return k
+    return -1
+
+
 cdef class SpanScan(ValueStream):
-    """cut_b64_spans' forward scan, run while an event's bytes arrive (state of one event); it
+    """fastaccum._spans.cut_b64_spans' forward scan, run while an event's bytes arrive (state of one event); it
     streams the routed_experts value (``streaming``), and ``off`` means de-streamed."""
 
     cdef Py_ssize_t pos  # where the next '":"' search starts
@@ -249,7 +266,7 @@ cdef class SpanScan(ValueStream):
         self.off = True
         return 0
 
-    cdef bytes original(self, bytearray data):
+    def original(self, bytearray data):
         """The event bytes as received (rare: the placeholder check failed)."""
         cdef Py_ssize_t at = self.value_start
         encoded = pybase64.b64encode(memoryview(self.block)[: self.block.size])
