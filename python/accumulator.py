@@ -11,9 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
 from fastaccum._base import AccumulatorBase
 from fastaccum._messages import (
     broken,
@@ -65,7 +62,7 @@ class StreamAccumulator(AccumulatorBase):
         self._text_parts = None  # None: no event carried text
         self._top_p = None  # None: no event carried top-p
         self._top_p_rows = None
-        self._routed: npt.NDArray[np.int32] | None = None
+        self._routed = None
         self._finish_reason = None
         self._meta = {}
         self._events = 0  # JSON events applied or light-checked

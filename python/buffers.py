@@ -37,7 +37,7 @@ class _Buffer:
         grown[: self.size] = self._array[: self.size]
         self._array = grown
 
-    def extend(self, values: Sequence[Any] | npt.NDArray[Any]) -> None:
+    def extend(self, values: Sequence[Any]) -> None:
         n = len(values)
         if n == 0:
             return
@@ -60,7 +60,7 @@ class _Buffer:
 
 
 class Int32Buffer(_Buffer):
-    """Growable int32 storage (token ids, top-p CSR)."""
+    """Growable int32 storage (token ids)."""
 
     dtype = np.int32
 
