@@ -67,8 +67,21 @@ def cut_spans(data: bytearray, spans: Spans) -> tuple[bytes | bytearray, Spans]:
 
 
 def reappears(data: bytes | bytearray, spans: Spans) -> bool:
-    """A cut key occurs again after its value (hostile input): orjson's reading must decide."""
-    return any(data.find(b'"' + key.encode() + b'":', end) >= 0 for key, (_, end) in spans.items())
+    """A cut key occurs again after its value (hostile input): orjson's reading must decide.
+
+    Only the bytes between the values are searched. A value holds no quote, so no key can start
+    or end inside one, and ``bytes.find`` crawls through base64 (every character passes its
+    skip filter): a routed-experts value is megabytes to gigabytes."""
+    if not spans:
+        return False
+    bounds = sorted(spans.values())
+    gaps = [(end, start) for (_, end), (start, _) in zip(bounds, bounds[1:])]
+    gaps.append((bounds[-1][1], len(data)))
+    for key, (_, end) in spans.items():
+        pattern = b'"' + key.encode() + b'":'
+        if any(data.find(pattern, low, high) >= 0 for low, high in gaps if low >= end):
+            return True
+    return False
 
 
 def _key_before(data: bytearray, at: int, spans: Spans) -> str | None:
