@@ -160,7 +160,7 @@ class _Registry:
     request_streams: set[StreamConsumer] = dataclasses.field(default_factory=set)
     server_generations: int = 0
     session: aiohttp.ClientSession | None = None  # control calls, and streams on the aiohttp transport
-    client: Client | None = None
+    clients: dict[str, Client] = dataclasses.field(default_factory=dict)  # one pool per router URL
     mode_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
 
 
@@ -187,16 +187,15 @@ def _session(args: Any) -> aiohttp.ClientSession:
     return registry.session
 
 
-def _client(args: Any, settings: _Settings) -> Client:
-    """This loop's ``Client`` for the router (its connections are loop-bound)."""
-    registry = _registry()
+def _client(args: Any) -> Client:
+    """This loop's ``Client`` for the router (its connections are loop-bound). A second router URL
+    gets a pool of its own, so streams still running on the first are never cut."""
+    clients = _registry().clients
     url = _router_url(args)
-    client = registry.client
-    if client is None or client.closed or client.base_url != url:
+    client = clients.get(url)
+    if client is None or client.closed:
         # Client never reads proxy settings: rollout traffic is internal.
-        client = registry.client = Client(
-            url, max_connections=_connection_limit(args), coalesce_ms=settings.coalesce_ms
-        )
+        client = clients[url] = Client(url, max_connections=_connection_limit(args))
     return client
 
 
@@ -214,9 +213,9 @@ async def close_session() -> None:
     registry = _registries.get(asyncio.get_running_loop())
     if registry is None:
         return
-    if registry.client is not None:
-        await registry.client.close()
-        registry.client = None
+    clients, registry.clients = registry.clients, {}
+    for client in clients.values():
+        await client.close()
     if registry.session is not None:
         await registry.session.close()
         registry.session = None
@@ -310,13 +309,14 @@ def _open_stream(
 ) -> StreamConsumer:
     """The stream for one call, on the configured transport (both keep one contract)."""
     if settings.transport == "client":
-        return _client(args, settings).stream(
+        return _client(args).stream(
             payload,
             mode=settings.stream_mode,
             expert_shape=expert_shape,
             max_event_bytes=settings.max_event_bytes,
             headers=headers,
             read_timeout=settings.read_timeout,
+            coalesce_ms=settings.coalesce_ms,  # per call: the setting may change between calls
         )
     return GenerateStream(
         _session(args),

@@ -34,7 +34,7 @@ from fastaccum.client import GenerateStream, StreamConsumer
 from fastaccum.emulator import FAULT_KEY, Emulator
 from fastaccum.errors import ServerError, StreamFormatError, StreamTruncatedError
 from fastaccum.result import StreamResult
-from fastaccum.transport import ClientStream
+from fastaccum.transport import DEFAULT_COALESCE_MS, ClientStream
 
 OPEN_STREAM = fs._open_stream  # the adapter's own, which Wiring wraps
 
@@ -631,6 +631,44 @@ def scenario_budget_and_headers(env: SlimeEnv) -> None:
                 env.run(fs.generate(bad, new_sample(env, 2), sampling_params(env, bad)))
 
 
+def scenario_second_router_gets_its_own_pool(env: SlimeEnv) -> None:
+    """A second router URL on the same loop gets a Client of its own, so a stream still running on
+    the first router is not cut; each call reads with the window its own settings name, also on a
+    pool made under other settings; close_session closes every pool."""
+    with (
+        emulator_thread(token_rate=200) as first,
+        emulator_thread() as second,
+        wired(env, first) as wiring,
+    ):
+        args = make_args(env, first, rollout_max_response_len=200)
+        other_args = make_args(env, second, rollout_max_response_len=200, fastaccum_coalesce_ms=0)
+        again_args = make_args(env, first, rollout_max_response_len=200, fastaccum_coalesce_ms=0)
+        running, other, again = new_sample(env, 0), new_sample(env, 1), new_sample(env, 2)
+
+        async def main() -> dict[str, Any]:
+            task = await _start_and_wait(first, fs.generate(args, running, sampling_params(env, args)), 10)
+            await fs.generate(other_args, other, sampling_params(env, other_args))
+            assert not task.done()  # the first router's stream ran on while the second answered
+            await task
+            await fs.generate(again_args, again, sampling_params(env, again_args))
+            clients = dict(fs._registry().clients)
+            await fs.close_session()
+            assert fs._registry().clients == {}
+            return clients
+
+        clients = env.run(main())
+        for sample, emu, rid in ((running, first, "s000a00"), (other, second, "s001a00"), (again, first, "s002a00")):
+            assert sample.status == env.Sample.Status.TRUNCATED and sample.response_length == 200
+            assert_call(sample, emu, rid, 0, 200, len(prompt_ids()))
+        if env.transport == "client":
+            assert [stream._window for stream in wiring.streams] == [DEFAULT_COALESCE_MS / 1000, 0.0, 0.0]
+            urls = [f"http://{emu.host}:{emu.port}" for emu in (first, second)]
+            assert all(clients[url].base_url == url for url in urls)
+            assert all(client.closed for client in clients.values())
+        else:
+            assert clients == {}
+
+
 def scenario_text_decoded_once_without_tokenizer_text(env: SlimeEnv, incremental: bool) -> None:
     with emulator_thread(incremental_streaming_output=incremental, skip_tokenizer_init=True) as emu, wired(env, emu):
         args = make_args(env, emu, rollout_max_response_len=12)
@@ -1084,6 +1122,7 @@ SCENARIOS: list[tuple[str, Any, list[dict[str, Any]]]] = [
     ("errors_fail_closed", scenario_errors_fail_closed, [{}]),
     ("register_then_check", scenario_register_then_check, [{}]),
     ("budget_and_headers", scenario_budget_and_headers, [{}]),
+    ("second_router_gets_its_own_pool", scenario_second_router_gets_its_own_pool, [{}]),
     (
         "text_decoded_once",
         scenario_text_decoded_once_without_tokenizer_text,
