@@ -89,11 +89,10 @@ class AccumulatorBase:
         ``top_p``: read_top_p's answer. Cannot fail."""
         if top_p is not None:
             ids, offsets, replace = top_p
-            if replace or self._top_p is None:
-                self._top_p = []
-                self._top_p_rows = 0
+            if replace or self._top_p is None or self._top_p_rows is None:
+                self._top_p, self._top_p_rows = [], 0
             self._top_p.append((ids, offsets))  # joined once, when a result is built
-            self._top_p_rows = (self._top_p_rows or 0) + offsets.shape[0] - 1
+            self._top_p_rows += offsets.shape[0] - 1
         if routed is not None:
             self._routed = routed
         if finish is not None:

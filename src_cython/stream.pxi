@@ -1,11 +1,12 @@
 # ---- streamed base64 (compiled twin only) -----------------------------------------------------
 # The routed-experts value of a terminal event can be hundreds of MB of base64 in one line.
 # Once an event grows past STREAM_AFTER_BYTES, the framer runs the span scan of
-# fastaccum._spans.cut_b64_spans while the bytes arrive; inside the routed_experts value it decodes whole base64 quanta of each
-# piece into a Block instead of holding the line. Anything unusual (a backslash, padding before
-# the end, a bad character, the line ending inside the value) puts the exact original bytes back
-# into the event ("de-streaming") and the event takes the ordinary path, so results and errors
-# stay identical to the pure twin's. There is no such path in fastaccum._py.
+# fastaccum._spans.cut_b64_spans while the bytes arrive; inside the routed_experts value it
+# decodes whole base64 quanta of each piece into a Block instead of holding the line. Anything
+# unusual (a backslash, padding before the end, a bad character, the line ending inside the
+# value) puts the exact original bytes back into the event ("de-streaming") and the event takes
+# the ordinary path, so results and errors stay identical to the pure twin's. There is no such
+# path in fastaccum._py.
 
 from cpython.buffer cimport PyBUF_READ
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
