@@ -1,6 +1,6 @@
 """Everyday developer sessions: ``nox -s fast`` while you work, ``nox -s full`` before you push.
 
-    nox -s fast       both twins, no slow tests, no fuzzing (about a minute of tests here)
+    nox -s fast       both twins, no slow tests, no fuzzing, on every core (1.5 minutes of tests on 2)
     nox -s lint       ruff (lint and format check) and mypy
     nox -s pure       the pure-Python build alone (FASTACCUM_NO_EXTENSIONS=1)
     nox -s sanitize   the core's suite and the fuzz corpus under AddressSanitizer + UBSan
@@ -32,10 +32,14 @@ def _install(session: nox.Session, extra: str = "test", **env: str) -> None:
 
 @nox.session(python=PYTHON)
 def fast(session: nox.Session) -> None:
-    """Both twins, without the slow tier; pytest arguments pass through (nox -s fast -- -k slime)."""
+    """Both twins, without the slow tier, split over every core by pytest-xdist (CI runs the same
+    selection serially); pytest arguments pass through (nox -s fast -- -k slime)."""
     _install(session)
+    session.install("pytest-xdist>=3")
     session.run(
         "tools/fast_tests.sh",
+        "-n",
+        "auto",
         *session.posargs,
         env={"PYTHON": session.virtualenv.bin + "/python", **REQUIRED},
         external=True,
