@@ -1,8 +1,9 @@
 """Compiled twin of fastaccum's core: the names, order and messages of fastaccum._py, in C loops.
 
-The parts are included in data-flow order, and each uses only the parts before it: the three
-that mirror the pure twin's modules of the same names, then the two that only this twin has, then
-the accumulator that joins them. The once-per-stream face of the class, the per-stream rules and
+The parts are included in data-flow order, and each uses only the parts before it: three that
+mirror the pure twin's modules of the same names (framing, buffers, fields), the two that only
+this twin has (stream, scan), the chunked decoder that sits in front of the framer, then the
+accumulator that joins them. The once-per-stream face of the class, the per-stream rules and
 every message come from Python (fastaccum._base, fastaccum._policy, fastaccum._spans,
 fastaccum._messages), so both twins run the same code for them. Directives are set in setup.py.
 """
