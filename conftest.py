@@ -43,9 +43,14 @@ class Outcomes:
     paths to each other (the twins, the compiled twin's fast and orjson paths) share one rule."""
 
     @staticmethod
-    def run(module: ModuleType, pieces: list[bytes], **kwargs: object) -> tuple[tuple[object, ...], object]:
-        """(("ok", result) or ("error", class, message), snapshot after the run)."""
+    def run(
+        module: ModuleType, pieces: list[bytes], *, debug: dict[str, object] | None = None, **kwargs: object
+    ) -> tuple[tuple[object, ...], object]:
+        """(("ok", result) or ("error", class, message), snapshot after the run); ``debug``: the
+        compiled twin's switches (``StreamAccumulator._debug``)."""
         acc = module.StreamAccumulator(**kwargs)
+        if debug:
+            acc._debug(**debug)
         try:
             for piece in pieces:
                 acc.feed(piece)

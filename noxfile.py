@@ -20,14 +20,14 @@ nox.options.sessions = ["fast", "lint"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.default_venv_backend = "venv"
 
-# torch==2.13.0 (in the test extra) exists as a local CPU wheel for this Python only.
+# torch==2.13.0 (.ci/constraints.txt) exists as a local CPU wheel for this Python only.
 PYTHON = "3.11"
 REQUIRED = {"FASTACCUM_REQUIRE_EXTENSIONS": "1"}
 
 
 def _install(session: nox.Session, extra: str = "test", **env: str) -> None:
     session.install("--upgrade", "pip")
-    session.install(f".[{extra}]", env=env or REQUIRED)
+    session.install("-c", ".ci/constraints.txt", f".[{extra}]", "torch", env=env or REQUIRED)
 
 
 @nox.session(python=PYTHON)
@@ -51,7 +51,7 @@ def lint(session: nox.Session) -> None:
     session.install("ruff>=0.6", "mypy>=1.10", "numpy>=1.26", "orjson>=3.9", "aiohttp>=3.9")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
-    session.run("mypy", "fastaccum", "python")
+    session.run("mypy", "-p", "fastaccum")
 
 
 @nox.session(python=PYTHON)

@@ -65,6 +65,8 @@ class OptionalBuildExt(build_ext):
                 raise
             print(f"fastaccum: compiled core not built ({exc}); the pure-Python twin will be used")
 
+    announced = False
+
     def build_extension(self, ext: Extension) -> None:
         found = self.probe(ext)
         gnu = found is not None and found[0] == "1"
@@ -77,13 +79,33 @@ class OptionalBuildExt(build_ext):
             if found
             else "optional parts unknown"
         )
-        print(f"fastaccum: compiled core ({'debug' if DEBUG else 'release'}; {parts})")
+        if not OptionalBuildExt.announced:  # one line for the whole core, not one per module
+            OptionalBuildExt.announced = True
+            print(f"fastaccum: compiled core ({'debug' if DEBUG else 'release'}; {parts})")
         try:
             super().build_extension(ext)
         except Exception as exc:
             if REQUIRE_EXTENSIONS:
                 raise
             print(f"fastaccum: {ext.name} not built ({exc}); the pure-Python twin will be used")
+
+
+# The compiled twin, module by module: hand-written Cython for what needs C's own representation,
+# and the pure twin's own files compiled with an augmenting .pxd (src_cython/<name>.pxd) where the
+# same source compiles to the same speed. Each builds as fastaccum._cy.<name>; the pure twin keeps
+# importing its interpreted copy as fastaccum._py.<name>.
+HAND_WRITTEN = ("buffers", "framing", "fields", "stream", "scan", "accumulator")
+SINGLE_SOURCE = ("chunked", "lengths")
+
+
+def _link_packages(root: str) -> None:
+    """Show the two source folders in ``root`` under the names they are built as, so ``cimport
+    fastaccum._cy.framing`` finds src_cython/framing.pxd in a checkout and an sdist alike (the
+    checkout's own fastaccum/_cy and fastaccum/_py links are not in the sdist)."""
+    package = os.path.join(root, "fastaccum")
+    os.makedirs(package)
+    for name, folder in (("_cy", "src_cython"), ("_py", "python")):
+        os.symlink(os.path.abspath(folder), os.path.join(package, name))
 
 
 def extensions() -> list[Extension]:
@@ -100,22 +122,46 @@ def extensions() -> list[Extension]:
         "embedsignature": True,
         "initializedcheck": DEBUG,
     }
-    ext = Extension(
-        "fastaccum._cy",
-        ["src_cython/_cy.pyx"],
-        include_dirs=["src_cython"],
-        # The parts and the C headers: a change to any of them rebuilds the extension.
-        depends=sorted(glob.glob("src_cython/*.pxi") + glob.glob("src_cython/*.pxd") + glob.glob("src_cython/*.h")),
-        optional=not REQUIRE_EXTENSIONS,
-    )
+    # The parts and the C headers: a change to any of them rebuilds every module.
+    depends = sorted(glob.glob("src_cython/*.pxd") + glob.glob("src_cython/*.h"))
+
+    def extension(name: str, source: str) -> Extension:
+        return Extension(
+            f"fastaccum._cy.{name}",
+            [source],
+            include_dirs=["src_cython"],
+            depends=depends,
+            optional=not REQUIRE_EXTENSIONS,
+        )
+
     print(f"fastaccum: building the compiled core ({'required' if REQUIRE_EXTENSIONS else 'optional'})")
-    return cythonize([ext], compiler_directives=directives, quiet=True)
+    with tempfile.TemporaryDirectory() as links:
+        _link_packages(links)
+        include_path = [links, "src_cython"]
+        hand_written = cythonize(
+            [extension(name, f"src_cython/{name}.pyx") for name in HAND_WRITTEN],
+            compiler_directives=directives,
+            include_path=include_path,
+            quiet=True,
+        )
+        # The shared sources carry annotations for the pure twin and mypy; the .pxd alone gives
+        # the compiled types, so Cython must not read the annotations as C types.
+        single_source = cythonize(
+            [extension(name, f"python/{name}.py") for name in SINGLE_SOURCE],
+            compiler_directives={**directives, "annotation_typing": False},
+            include_path=include_path,
+            quiet=True,
+        )
+    return hand_written + single_source
 
 
 setup(
-    packages=["fastaccum", "fastaccum._py"],
-    package_dir={"fastaccum": "fastaccum", "fastaccum._py": "python"},
-    package_data={"fastaccum": ["py.typed", "_cy.pyi"]},
+    # The twins live in python/ and src_cython/ (the checkout links them as fastaccum/_py and
+    # fastaccum/_cy for editors and type checkers); only their Python files and the stub ship.
+    packages=["fastaccum", "fastaccum._py", "fastaccum._cy"],
+    package_dir={"fastaccum": "fastaccum", "fastaccum._py": "python", "fastaccum._cy": "src_cython"},
+    package_data={"fastaccum": ["py.typed"], "fastaccum._cy": ["__init__.pyi"]},
+    include_package_data=False,
     ext_modules=extensions(),
     cmdclass={"build_ext": OptionalBuildExt},
     zip_safe=False,

@@ -10,16 +10,39 @@ docs/core.md.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from fastaccum._policy import MODES, build_result, check_options, finish_error
+from fastaccum._policy import ARRAY_KEYS, MODES, ParsedEvent, build_result, check_options, finish_error, read_arrays
 from fastaccum.errors import StreamError
 from fastaccum.result import StreamResult, snapshot_of
 
-__all__ = ("AccumulatorBase",)
+__all__ = ("AccumulatorBase", "STATE", "STATE_WRITTEN")
+
+
+class _Framer(Protocol):
+    """Where a twin's framer stopped: what finish() needs to tell a truncation from the end."""
+
+    @property
+    def events(self) -> int: ...
+    @property
+    def mid_event(self) -> bool: ...
+    @property
+    def data(self) -> bytearray: ...
+
+
+class _Chunks(Protocol):
+    @property
+    def ended(self) -> bool: ...
+
+
+class _Buffer(Protocol):
+    @property
+    def size(self) -> int: ...
+    def to_array(self) -> npt.NDArray[Any]: ...
+    def take_array(self) -> npt.NDArray[Any]: ...
 
 
 class AccumulatorBase:
@@ -30,13 +53,15 @@ class AccumulatorBase:
         # forbidding the twin's attributes that this class sets.
         __slots__ = ()
 
-    # The twin's state read here (the compiled twin exposes it to Python, writable where set here).
-    _framer: Any  # .events, .mid_event, .data: where the input stopped
-    _chunks: Any  # feed_chunked()'s decoder, None until first used
+    # The twin's state read here: STATE below lists it, and the compiled twin's extension type
+    # declares each name (``public`` where STATE_WRITTEN says this class sets it, else
+    # ``readonly``); tests/test_api.py holds both twins to the list.
+    _framer: _Framer
+    _chunks: _Chunks | None  # feed_chunked()'s decoder, None until first used
     _mode: str
     _expert_shape: tuple[int, int] | None
-    _ids: Any  # Int32Buffer: .size, .to_array(), .take_array()
-    _logprobs: Any  # Float64Buffer
+    _ids: _Buffer  # int32 token ids
+    _logprobs: _Buffer  # float64
     _has_logprobs: bool | None
     _text_parts: list[str] | None
     _top_p: list[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]] | None  # (ids, offsets) per event
@@ -76,6 +101,36 @@ class AccumulatorBase:
     def _meta_dict(self) -> dict[str, Any]:
         """The newest applied event's meta_info."""
         return self._meta
+
+    def _read_arrays(
+        self,
+        parsed: ParsedEvent | None,
+        *,
+        index: int,
+        mode: str,
+        held: int,
+        added: int,
+        prompt: int,
+        completion: int,
+        routed_raw: Any = None,
+    ) -> tuple[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], bool] | None, npt.NDArray[np.int32] | None]:
+        """An event's top-p rows and routed experts, decoded and checked (fastaccum._policy
+        .read_arrays; ``parsed`` None: an event the compiled twin's scanner read), or (None, None)
+        when neither the event nor the stream carries any. Validation only: nothing is kept."""
+        if self._top_p_rows is None and (parsed is None or ARRAY_KEYS.isdisjoint(parsed.meta)):
+            return None, None
+        return read_arrays(
+            parsed,
+            index=index,
+            mode=mode,
+            held=held,
+            added=added,
+            rows_held=self._top_p_rows,
+            expert_shape=self._expert_shape,
+            prompt=prompt,
+            completion=completion,
+            routed_raw=routed_raw,
+        )
 
     def _commit_parsed(
         self,
@@ -134,7 +189,12 @@ class AccumulatorBase:
             return self._result
         if self._error is None:
             framer = self._framer
-            self._error = finish_error(framer.events, framer.mid_event, framer.data, self._finish_reason is not None)
+            self._error = finish_error(
+                events=framer.events,
+                mid_event=framer.mid_event,
+                data=framer.data,
+                finished=self._finish_reason is not None,
+            )
         if self._error is not None:
             raise self._error
         self._result = self._build(final=True)
@@ -162,17 +222,34 @@ class AccumulatorBase:
     def _build(self, final: bool = False) -> StreamResult:
         """The result so far; ``final``: the buffers' storage goes to it (finish(), no copies)."""
         result = build_result(
-            final,
-            self._mode,
-            self._ids,
-            self._logprobs if self._has_logprobs else None,
-            self._text_parts,
-            self._finish_reason,
-            self._meta_dict(),
-            self._top_p,
-            self._routed,
-            self._events,
+            final=final,
+            mode=self._mode,
+            ids=self._ids,
+            logprobs=self._logprobs if self._has_logprobs else None,
+            text_parts=self._text_parts,
+            finish_reason=self._finish_reason,
+            meta=self._meta_dict(),
+            top_p=self._top_p,
+            routed=self._routed,
+            events=self._events,
         )
         if result.text is not None:
             self._text_parts = [result.text]  # join once; later deltas append to the joined text
         return result
+
+
+# The state a twin keeps for this class, in the order annotated above; the names this class
+# assigns must be writable from Python in the compiled twin too.
+STATE: tuple[str, ...] = tuple(AccumulatorBase.__annotations__)
+STATE_WRITTEN: tuple[str, ...] = (
+    "_mode",
+    "_expert_shape",
+    "_text_parts",
+    "_top_p",
+    "_top_p_rows",
+    "_routed",
+    "_finish_reason",
+    "_meta",
+    "_error",
+    "_result",
+)

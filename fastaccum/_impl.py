@@ -18,25 +18,22 @@ def _load_core() -> tuple[ModuleType, Literal["cython", "python"]]:
         try:
             from fastaccum import _cy
         except ImportError:
+            if _in_source_checkout():
+                raise ImportError(_SHADOWED) from None
             if _REQUIRE_EXTENSIONS:
-                if _in_source_checkout():
-                    raise ImportError(_SHADOWED) from None
                 raise  # wheels and CI must never fall back without saying so
         else:
             return _cy, "cython"
     elif _REQUIRE_EXTENSIONS:
         raise ImportError("FASTACCUM_REQUIRE_EXTENSIONS=1, but the compiled core is switched off")
-    try:
-        from fastaccum import _py
-    except ImportError:
-        if _in_source_checkout():
-            raise ImportError(_SHADOWED) from None
-        raise
+    from fastaccum import _py
+
     return _py, "python"
 
 
-# The pure twin is installed as fastaccum._py from python/ (package_dir), so a checkout's own
-# fastaccum/ never has it: run from the repository root, it hides the installed package.
+# A checkout links python/ and src_cython/ as fastaccum/_py and fastaccum/_cy (for editors and type
+# checkers), but builds no compiled core there: run from the repository root, its fastaccum/ hides
+# the installed package, and would quietly run the pure twin from the source tree.
 _SHADOWED = (
     "fastaccum is imported from its source tree, which shadows the installed package; "
     "run with python -P, or from another directory"
@@ -44,17 +41,11 @@ _SHADOWED = (
 
 
 def _in_source_checkout() -> bool:
-    package = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(package)
-    return (
-        not os.path.isdir(os.path.join(package, "_py"))
-        and os.path.isfile(os.path.join(root, "setup.py"))
-        and os.path.isdir(os.path.join(root, "python"))
-    )
+    return os.path.islink(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_cy"))
 
 
 IMPLEMENTATION: Literal["cython", "python"]
-if TYPE_CHECKING:  # checkers read the annotated twin; _cy.pyi promises the same names
+if TYPE_CHECKING:  # checkers read the annotated twin; _cy/__init__.pyi promises the same names
     from fastaccum._py import StreamAccumulator, accumulate
 else:
     _core, IMPLEMENTATION = _load_core()

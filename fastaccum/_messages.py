@@ -158,10 +158,12 @@ def bad_logprob_entry(index: int, i: int, part: int | None = None, value: object
 
 
 def bad_count(index: int, key: str, value: object) -> StreamFormatError:
-    """meta_info[key] is not an integer, or is negative."""
+    """meta_info[key] is not an integer, or is negative, or is 2**63 or more."""
     if type(value) is not int:
         return wrong_type(index, f"meta_info.{key}", "an integer", value)
-    return bad_format(index, f"meta_info.{key} = {value} is negative")
+    if value < 0:
+        return bad_format(index, f"meta_info.{key} = {value} is negative")
+    return bad_format(index, f"meta_info.{key} = {value} is not a token count (2**63 or more)")
 
 
 def not_json(index: int, exc: Exception) -> StreamFormatError:

@@ -12,7 +12,7 @@ docs/core.md.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -42,6 +42,8 @@ from fastaccum.result import StreamResult
 
 __all__ = (
     "MODES",
+    "ABSENT",
+    "ParsedEvent",
     "B64_KEYS",
     "TOP_P_KEYS",
     "ARRAY_KEYS",
@@ -65,6 +67,12 @@ __all__ = (
 )
 
 MODES = ("auto", "cumulative", "incremental")
+# A count the event does not carry (completion_tokens, prompt_tokens, ...): both twins use -1, the
+# compiled twin's structs having no None.
+ABSENT = -1
+# Counts are int64 in the compiled twin's structs; orjson reads integers up to 2**64 - 1, and no
+# stream has 2**63 tokens, so a larger count is malformed in both twins.
+_COUNT_LIMIT = 2**63
 # The meta_info values that are base64 int32 arrays; routed experts alone can be gigabytes.
 B64_KEYS: tuple[str, ...] = (
     "top_p_token_ids",
@@ -121,7 +129,7 @@ def refused_feed(data: object, error: StreamError | None, finished: bool, method
     return fed_after_finish(method)
 
 
-def finish_error(events: int, mid_event: bool, data: bytes | bytearray, finished: bool) -> StreamError | None:
+def finish_error(*, events: int, mid_event: bool, data: bytes | bytearray, finished: bool) -> StreamError | None:
     """What end of input means: None when the stream is complete (``data``: the unfinished
     event's bytes, which may still be a prefix of [DONE])."""
     if not finished:
@@ -131,7 +139,7 @@ def finish_error(events: int, mid_event: bool, data: bytes | bytearray, finished
     return None
 
 
-def end_event(index: int, done: bool, finished: bool, is_done: bool) -> None:
+def end_event(index: int, *, done: bool, finished: bool, is_done: bool) -> None:
     """An event at the end of the stream (after [DONE], after the terminal event, or [DONE]
     itself): raise unless it is the [DONE] that follows the terminal event."""
     if done:
@@ -146,15 +154,27 @@ def end_event(index: int, done: bool, finished: bool, is_done: bool) -> None:
 # ---- a parsed event ---------------------------------------------------------------------------
 
 
+class ParsedEvent(NamedTuple):
+    """An event parsed by orjson and checked for shape (``read_event``), with what only the orjson
+    path has: its bytes, the objects, and the spans of the base64 values cut out of it."""
+
+    event_index: int
+    data: bytearray  # the event's bytes (base64 values at ``spans`` still in place)
+    obj: dict[str, Any]
+    meta: dict[str, Any]
+    spans: dict[str, tuple[int, int]]
+    finish: dict[str, Any] | None  # a terminal event's finish_reason
+    echo: bool  # an abort echo (docs/core.md, "Abort echo chunks")
+
+
 def read_event(
     index: int,
     data: bytearray,
     json_bytes: bytes | bytearray,
     spans: dict[str, tuple[int, int]],
     original: Callable[[bytearray], bytes] | None = None,
-) -> tuple[dict[str, Any], dict[str, Any], dict[str, tuple[int, int]], dict[str, Any] | None, bool]:
-    """Parse an event with orjson: (the event, its meta_info, ``spans``, finish_reason or None,
-    whether it is an abort echo).
+) -> ParsedEvent:
+    """Parse an event with orjson and check its shape.
 
     ``json_bytes`` is ``data`` with the base64 values at ``spans`` emptied (fastaccum._spans). If
     a cut landed outside meta_info (not SGLang's shape), the whole event is parsed again and the
@@ -169,7 +189,7 @@ def read_event(
             meta = obj["meta_info"]
             break
     finish, echo = event_finish(index, meta)
-    return obj, meta, spans, finish, echo
+    return ParsedEvent(index, data, obj, meta, spans, finish, echo)
 
 
 def _loads(index: int, data: bytes | bytearray) -> Any:
@@ -204,19 +224,18 @@ def event_finish(index: int, meta: dict[str, Any]) -> tuple[dict[str, Any] | Non
     return finish, echo
 
 
-def _count(index: int, meta: dict[str, Any], key: str) -> int | None:
+def _count(index: int, meta: dict[str, Any], key: str) -> int:
     if key not in meta:
-        return None
+        return ABSENT
     value = meta[key]
-    if type(value) is not int or value < 0:
+    if type(value) is not int or not 0 <= value < _COUNT_LIMIT:
         raise bad_count(index, key, value)
     return value
 
 
-def event_counts(
-    index: int, obj: dict[str, Any], meta: dict[str, Any]
-) -> tuple[int | None, int | None, int | None, str | None]:
-    """(completion_tokens, output_token_logprobs_length, prompt_tokens, text); None if absent."""
+def event_counts(index: int, obj: dict[str, Any], meta: dict[str, Any]) -> tuple[int, int, int, str | None]:
+    """(completion_tokens, output_token_logprobs_length, prompt_tokens, text); ABSENT or None
+    where the event does not carry them."""
     completion = _count(index, meta, "completion_tokens")
     lp_length = _count(index, meta, "output_token_logprobs_length")
     prompt = _count(index, meta, "prompt_tokens")
@@ -229,23 +248,21 @@ def event_counts(
 # ---- abort echo -------------------------------------------------------------------------------
 
 
-def echo_start(
-    index: int, mode: str, held: int, completion: int | None, logprob_ids: int | None, output_ids: int | None
-) -> int:
+def echo_start(index: int, *, mode: str, held: int, completion: int, logprob_ids: int, output_ids: int) -> int:
     """Where the tokens an abort echo adds start in its list (``logprob_ids``: the length of the
-    ids in output_token_logprobs, None without them; ``output_ids`` likewise), or -1 for none.
+    ids in output_token_logprobs, ABSENT without them; ``output_ids`` likewise), or -1 for none.
 
     The list holds the full list at its tail (a coalesced delta may precede it); the caller checks
     the full list's first ``held`` ids against the held ones."""
-    if completion is None:
+    if completion == ABSENT:
         raise broken(index, "echo_no_total")
     if completion < held:
         raise echo_short(index, mode, completion, held, carried=True)
     if completion == held:
         return -1
-    if logprob_ids is not None and logprob_ids >= completion:
+    if logprob_ids != ABSENT and logprob_ids >= completion:
         return logprob_ids - completion + held
-    if logprob_ids is None and mode == "cumulative" and output_ids == completion:
+    if logprob_ids == ABSENT and mode == "cumulative" and output_ids == completion:
         return held
     raise echo_short(index, mode, completion, held, carried=False)
 
@@ -311,18 +328,12 @@ def _check_offsets(index: int, key: str, offsets: npt.NDArray[np.int32], n_ids: 
 
 
 def read_top_p(
-    index: int,
-    meta: dict[str, Any] | None,
-    data: bytes | bytearray,
-    spans: dict[str, tuple[int, int]],
-    mode: str,
-    held: int,
-    added: int,
-    rows_held: int | None,
+    parsed: ParsedEvent | None, *, index: int, mode: str, held: int, added: int, rows_held: int | None
 ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], bool] | None:
     """This event's top-p CSR, decoded and validated, and whether it replaces (True) or extends
-    the rows held; None without one. ``rows_held``: None while the stream has carried no top-p;
-    ``meta`` None: an event without base64 arrays (the compiled twin's scanner read it)."""
+    the rows held; None without one. ``parsed`` None: an event without base64 arrays (the compiled
+    twin's scanner read it); ``rows_held``: None while the stream has carried no top-p."""
+    meta = parsed.meta if parsed is not None else None
     for ids_key, offsets_key in _TOP_P_PAIRS:
         if meta is not None and (ids_key in meta or offsets_key in meta):
             break
@@ -330,11 +341,12 @@ def read_top_p(
         if rows_held is not None and added > 0:
             raise top_p_rows(index, mode, None, added, held + added)
         return None
+    assert parsed is not None and meta is not None
     if ids_key not in meta or offsets_key not in meta:
         present, missing = (ids_key, offsets_key) if ids_key in meta else (offsets_key, ids_key)
         raise top_p_half(index, present, missing)
-    ids = decode_int32(index, ids_key, meta[ids_key], data, spans.get(ids_key))
-    offsets = decode_int32(index, offsets_key, meta[offsets_key], data, spans.get(offsets_key))
+    ids = decode_int32(index, ids_key, meta[ids_key], parsed.data, parsed.spans.get(ids_key))
+    offsets = decode_int32(index, offsets_key, meta[offsets_key], parsed.data, parsed.spans.get(offsets_key))
     _check_offsets(index, offsets_key, offsets, ids.shape[0])
     rows = offsets.shape[0] - 1
     total = held + added
@@ -349,22 +361,23 @@ def read_top_p(
 
 
 def read_routed(
-    index: int,
     routed: npt.NDArray[np.int32],
+    *,
+    index: int,
     expert_shape: tuple[int, int] | None,
     mode: str,
-    prompt: int | None,
-    completion: int | None,
+    prompt: int,
+    completion: int,
     total: int,
 ) -> npt.NDArray[np.int32]:
     """The decoded routed_experts, checked against expert_shape and reshaped to (rows, layers,
     topk) when it is given."""
     if expert_shape is None:
         return routed
-    if prompt is None:
+    if prompt == ABSENT:
         raise broken(index, "routed_no_prompt")
     layers, topk = expert_shape
-    done = completion if completion is not None else total
+    done = completion if completion != ABSENT else total
     rows = prompt + done - 1
     if rows < 0 or routed.shape[0] != max(rows, 0) * layers * topk:
         raise routed_size(index, mode, routed.shape[0], prompt, done, expert_shape)
@@ -375,38 +388,41 @@ def read_routed(
 
 
 def read_arrays(
+    parsed: ParsedEvent | None,
+    *,
     index: int,
-    meta: dict[str, Any] | None,
-    data: bytes | bytearray,
-    spans: dict[str, tuple[int, int]],
-    routed_raw: Any,
     mode: str,
     held: int,
     added: int,
     rows_held: int | None,
     expert_shape: tuple[int, int] | None,
-    prompt: int | None,
-    completion: int | None,
+    prompt: int,
+    completion: int,
+    routed_raw: Any = None,
 ) -> tuple[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], bool] | None, npt.NDArray[np.int32] | None]:
     """This event's top-p (read_top_p's answer) and routed experts (decoded and checked by
     read_routed; None without them), for an event that carries either or a stream that holds
-    top-p (``meta``, ``rows_held``: as read_top_p). ``routed_raw``: the routed_experts bytes
+    top-p (``parsed``, ``rows_held``: as read_top_p). ``routed_raw``: the routed_experts bytes
     already decoded while the event arrived (the compiled twin's streamed decode), else None."""
+    meta = parsed.meta if parsed is not None else None
     top_p = None
     if rows_held is not None or (meta is not None and not TOP_P_KEYS.isdisjoint(meta)):
-        top_p = read_top_p(index, meta, data, spans, mode, held, added, rows_held)
+        top_p = read_top_p(parsed, index=index, mode=mode, held=held, added=added, rows_held=rows_held)
     routed = None
-    if meta is not None and "routed_experts" in meta:
+    if parsed is not None and "routed_experts" in parsed.meta:
+        if routed_raw is not None:
+            raw = int32_array(index, "routed_experts", routed_raw)
+        else:
+            value = parsed.meta["routed_experts"]
+            raw = decode_int32(index, "routed_experts", value, parsed.data, parsed.spans.get("routed_experts"))
         routed = read_routed(
-            index,
-            int32_array(index, "routed_experts", routed_raw)
-            if routed_raw is not None
-            else decode_int32(index, "routed_experts", meta["routed_experts"], data, spans.get("routed_experts")),
-            expert_shape,
-            mode,
-            prompt,
-            completion,
-            held + added,
+            raw,
+            index=index,
+            expert_shape=expert_shape,
+            mode=mode,
+            prompt=prompt,
+            completion=completion,
+            total=held + added,
         )
     return top_p, routed
 
@@ -433,6 +449,7 @@ def _join_top_p(
 
 
 def build_result(
+    *,
     final: bool,
     mode: str,
     ids: Any,

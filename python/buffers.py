@@ -4,23 +4,24 @@ take_array() the storage itself (for a final result)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ("Int32Buffer", "Float64Buffer")
+__all__ = ("Buffer",)
 
 _MIN_CAPACITY = 256
 
 
-class _Buffer:
-    """Growable storage of one dtype. Grows by doubling; to_array() copies, so nothing is ever lent;
-    take_array() gives the storage away (for a final result) and leaves the buffer empty."""
+class Buffer:
+    """Growable storage of one numpy dtype (int32 ids, float64 logprobs). Grows by doubling;
+    to_array() copies, so nothing is ever lent; take_array() gives the storage away (for a final
+    result) and leaves the buffer empty."""
 
-    dtype: ClassVar[type[np.generic]]
-
-    def __init__(self) -> None:
+    def __init__(self, dtype: npt.DTypeLike) -> None:
+        self.dtype = np.dtype(dtype)
+        self.itemsize = self.dtype.itemsize
         self._array: npt.NDArray[Any] = np.empty(0, dtype=self.dtype)
         self.size = 0
 
@@ -45,37 +46,23 @@ class _Buffer:
         self._array[self.size : self.size + n] = values
         self.size += n
 
-    def clear(self) -> None:
-        self.size = 0
+    def equals_prefix(self, values: Sequence[Any]) -> int:
+        """Index of the first held item that differs from ``values`` (at least as long), or -1."""
+        for i in range(self.size):
+            if self._array[i] != values[i]:
+                return i
+        return -1
+
+    def __getitem__(self, index: int) -> Any:
+        return self._array[index].item()
 
     def to_array(self) -> npt.NDArray[Any]:
         return self._array[: self.size].copy()
 
     def take_array(self) -> npt.NDArray[Any]:
+        """An array that owns the buffer's storage, leaving the buffer empty."""
         # A slice would keep the spare capacity alive for as long as the result lives.
         array = self._array if self.size == self.capacity else self.to_array()
         self._array = np.empty(0, dtype=self.dtype)
         self.size = 0
         return array
-
-
-class Int32Buffer(_Buffer):
-    """Growable int32 storage (token ids)."""
-
-    dtype = np.int32
-
-    def equals_prefix(self, values: Sequence[int]) -> int:
-        """Index of the first held id that differs from ``values`` (which is at least as long), or -1."""
-        for i in range(self.size):
-            if int(self._array[i]) != values[i]:
-                return i
-        return -1
-
-    def __getitem__(self, index: int) -> int:
-        return int(self._array[index])
-
-
-class Float64Buffer(_Buffer):
-    """Growable float64 storage (logprobs)."""
-
-    dtype = np.float64

@@ -1,11 +1,20 @@
-"""HTTP/1.1 chunked transfer decoding in front of the SSE framer: one call per socket read."""
+"""HTTP/1.1 chunked transfer decoding in front of the SSE framer: one call per socket read.
+
+Written once for both twins: the pure twin runs this file as it is; the compiled twin compiles it
+(as ``fastaccum._cy.chunked``) with ``src_cython/chunked.pxd``, which types the state, the fields
+and the loop's locals, so the loop runs over a ``const unsigned char*`` in C with no Python call
+per byte or per chunk. Keep it to integer arithmetic on ``buf[pos]`` and calls the ``.pxd``
+declares: anything else would compile to Python calls in the loop.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from fastaccum._messages import bad_chunk
-from fastaccum._py.framing import SseFramer
+
+if TYPE_CHECKING:
+    from fastaccum._py.framing import SseFramer as Framer
 
 __all__ = ("ChunkedDecoder",)
 
@@ -15,7 +24,7 @@ _SEMICOLON = 0x3B
 _SPACE = 0x20
 _TAB = 0x09
 
-# States (fastaccum._messages.bad_chunk names each); the compiled twin numbers them alike.
+# States (fastaccum._messages.bad_chunk names each, by number).
 _SIZE_START = 0
 _SIZE = 1
 _SIZE_SPACE = 2  # whitespace after the size: only more of it, ';' or CR may follow
@@ -33,7 +42,7 @@ _DONE = 12
 # Extensions and trailers are skipped, never buffered; the cap only stops a peer that never ends
 # a line from holding the stream open while sending bytes.
 _LINE_LIMIT = 8192
-# 2**60: far beyond any real chunk, and the compiled twin's int64 arithmetic cannot overflow.
+# 2**60 at most: far beyond any real chunk, and int64 arithmetic cannot overflow.
 _SIZE_SHIFT_LIMIT = 1 << 56
 
 
@@ -61,9 +70,8 @@ class ChunkedDecoder:
         self.line = 0  # bytes of the current size or trailer line
         self.ended = False  # the last chunk and the trailer section have been read
 
-    def feed(self, buf: bytes, framer: SseFramer, dispatch: Callable[[bytearray, int], None]) -> int:
-        """Decode ``buf``; frame its chunk data; return the number of events that completed."""
-        n = len(buf)
+    def feed(self, buf: bytes, n: int, framer: Framer) -> int:
+        """Decode ``buf[:n]``; frame its chunk data; return the number of events that completed."""
         pos = 0
         count = 0
         while pos < n:
@@ -73,7 +81,7 @@ class ChunkedDecoder:
                 self.remaining -= take
                 if self.remaining == 0:
                     self.state = _DATA_CR
-                count += framer.feed(buf[pos : pos + take], dispatch)
+                count += framer.feed(buf, pos, pos + take)
                 pos += take
                 continue
             byte = buf[pos]
@@ -135,7 +143,7 @@ class ChunkedDecoder:
                 raise bad_chunk(framer.events, state, byte)
         return count
 
-    def _after_size(self, byte: int, framer: SseFramer) -> None:
+    def _after_size(self, byte: int, framer: Framer) -> int:
         if byte == _SEMICOLON:
             self.state = _EXTENSION
         elif byte == _CR:
@@ -144,8 +152,10 @@ class ChunkedDecoder:
             self.state = _SIZE_SPACE
         else:
             raise bad_chunk(framer.events, self.state, byte)
+        return 0
 
-    def _count_line(self, framer: SseFramer) -> None:
+    def _count_line(self, framer: Framer) -> int:
         self.line += 1
         if self.line > _LINE_LIMIT:
             raise bad_chunk(framer.events, self.state, -2)
+        return 0

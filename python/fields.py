@@ -4,6 +4,7 @@ the light check reads from the raw bytes."""
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from fastaccum._messages import (
     LOGPROBS,
@@ -12,9 +13,26 @@ from fastaccum._messages import (
     wrong_type,
 )
 
-__all__ = ("read_id_list", "read_logprob_list", "read_uint_at")
+__all__ = ("Event", "read_id_list", "read_logprob_list", "read_uint_at")
 
 _TOKEN_ID_LIMIT = 2**31
+
+
+# ---- an event's fields ------------------------------------------------------------------------
+
+
+class Event(NamedTuple):
+    """What one event says, read and type-checked but not yet checked against the stream (the
+    compiled twin fills a struct of the same name: src_cython/fields.pxd)."""
+
+    event_index: int  # data events counted from 0
+    output_ids: list[int] | None  # None: the event has no output_ids
+    logprob_ids: list[int] | None  # the ids in output_token_logprobs; None: it has none
+    logprobs: list[float] | None  # their logprobs, NaN for null
+    completion_tokens: int  # -1 (fastaccum._policy.ABSENT) where the event does not carry it
+    logprobs_length: int  # output_token_logprobs_length
+    prompt_tokens: int
+    text: str | None
 
 
 # ---- token ids and logprobs -------------------------------------------------------------------

@@ -23,13 +23,14 @@ _SKIP = 3
 
 
 class SseFramer:
-    """Splits a byte stream into SSE events and hands each event's joined data to a callback.
+    """Splits a byte stream into SSE events and hands each event's joined data to ``dispatch(data,
+    index)`` (the accumulator).
 
     Data bytes are appended once to ``data`` as they arrive (no re-scan, no per-piece re-copy);
     other lines (comments, ``event:``, ``id:``, unknown fields) are never buffered.
     """
 
-    def __init__(self, max_event_bytes: int | None) -> None:
+    def __init__(self, max_event_bytes: int | None, dispatch: Callable[[bytearray, int], None]) -> None:
         self.max_event_bytes = max_event_bytes
         self.data = bytearray()  # the joined data of the event being read
         self.has_data = False  # at least one data line in the event being read
@@ -38,18 +39,17 @@ class SseFramer:
         self._state = _HEAD
         self._after_cr = False  # the previous piece ended with CR: a leading LF is part of it
         self._at_start = True  # a BOM may still come
+        self._dispatch = dispatch
 
-    def feed(self, buf: bytes, dispatch: Callable[[bytearray, int], None]) -> int:
-        """Frame ``buf``; call ``dispatch(data, index)`` per completed event; return their count."""
-        n = len(buf)
-        pos = 0
+    def feed(self, buf: bytes, pos: int, n: int) -> int:
+        """Frame ``buf[pos:n]``; dispatch each completed event; return their count."""
         count = 0
-        if self._after_cr and n:
+        if self._after_cr and pos < n:
             self._after_cr = False
-            if buf[0] == _LF:
-                pos = 1
+            if buf[pos] == _LF:
+                pos += 1
         while pos < n:
-            lf = buf.find(b"\n", pos)
+            lf = buf.find(b"\n", pos, n)
             cr = buf.find(b"\r", pos, lf if lf >= 0 else n)
             end = cr if cr >= 0 else lf
             if end < 0:
@@ -63,7 +63,7 @@ class SseFramer:
                         pos += 1
                 else:
                     self._after_cr = True
-            count += self._end_line(dispatch)
+            count += self._end_line()
         return count
 
     @property
@@ -124,7 +124,7 @@ class SseFramer:
         if limit is not None and len(self.data) > limit:
             raise too_large(self.events, limit)
 
-    def _end_line(self, dispatch: Callable[[bytearray, int], None]) -> int:
+    def _end_line(self) -> int:
         state = self._state
         self._state = _HEAD
         self._at_start = False
@@ -145,5 +145,5 @@ class SseFramer:
         self.data = bytearray()
         self.has_data = False
         self.events = index + 1
-        dispatch(data, index)
+        self._dispatch(data, index)
         return 1

@@ -383,6 +383,14 @@ CASES: dict[str, Case] = {
         FORMAT,
         "18446744073709551615 is not a token id",
     ),
+    "total-beyond-int64": Case(
+        "types",
+        "an ordinary event whose completion_tokens is 2**63",
+        "inc",
+        sse(edit(inc(3, 5), meta(completion_tokens=2**63))),
+        FORMAT,
+        "is not a token count",
+    ),
     "logprobs-null": Case(
         "types",
         "`output_token_logprobs: null`",
@@ -571,8 +579,8 @@ CASES: dict[str, Case] = {
         "an echo whose completion_tokens is 2**64-1",
         "inc",
         sse(edit(echo_event(GEN, INC, 3), meta(completion_tokens=2**64 - 1))),
-        LENGTH,
-        "does not carry the missing ones",
+        FORMAT,
+        r"completion_tokens = 18446744073709551615 is not a token count \(2\*\*63 or more\)",
     ),
     # ---- top-p (terminal event of the cumulative context, after light-checked events) ----
     "top-p-offsets-decrease": Case(

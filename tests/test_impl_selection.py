@@ -58,7 +58,7 @@ def test_twins_export_the_same_names_in_the_same_order(impl: ModuleType) -> None
 def test_stub_declares_the_twins_names() -> None:
     import fastaccum._py as pure
 
-    stub = ast.parse((ROOT / "fastaccum" / "_cy.pyi").read_text())
+    stub = ast.parse((ROOT / "src_cython" / "__init__.pyi").read_text())
     declared = next(
         ast.literal_eval(node.value)
         for node in stub.body
@@ -84,3 +84,61 @@ def test_import_from_the_source_tree_says_it_shadows_the_installed_package(requi
         "ImportError: fastaccum is imported from its source tree, which shadows the installed package; "
         "run with python -P, or from another directory"
     )
+
+
+# ---- what the twins share ---------------------------------------------------------------------
+
+
+@pytest.mark.c_extension
+@pytest.mark.parametrize(("name", "hot"), [("chunked", "ChunkedDecoder.feed"), ("lengths", "event_mode")])
+def test_a_single_source_runs_compiled_in_the_compiled_twin_and_interpreted_in_the_pure_one(
+    name: str, hot: str
+) -> None:
+    # python/<name>.py is the pure twin's module and, compiled with src_cython/<name>.pxd, the
+    # compiled twin's: built under another name, so the pure twin can never pick up the build.
+    import importlib.machinery
+    import inspect
+
+    pure = importlib.import_module(f"fastaccum._py.{name}")
+    compiled = importlib.import_module(f"fastaccum._cy.{name}")
+    assert pure.__file__ is not None and pure.__file__.endswith(f"{name}.py")
+    assert compiled.__file__ is not None and compiled.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+    owner, _, attribute = hot.rpartition(".")
+    # Interpreted: a Python function with bytecode. Compiled: a C function, not even visible.
+    pure_owner = getattr(pure, owner) if owner else pure
+    compiled_owner = getattr(compiled, owner) if owner else compiled
+    assert inspect.isfunction(getattr(pure_owner, attribute))
+    assert not hasattr(compiled_owner, attribute)
+
+
+def test_each_twins_accumulator_uses_its_own_chunked_decoder(impl: ModuleType) -> None:
+    import importlib
+
+    acc = impl.StreamAccumulator()
+    acc.feed_chunked(b"")
+    twin = impl.__name__
+    assert type(acc._chunks) is importlib.import_module(f"{twin}.chunked").ChunkedDecoder
+
+
+def test_both_twins_keep_the_state_the_shared_base_reads(impl: ModuleType) -> None:
+    from fastaccum._base import STATE
+
+    acc = impl.StreamAccumulator()
+    missing = [name for name in STATE if not hasattr(acc, name)]
+    assert not missing, f"{impl.__name__} lacks {missing}"
+
+
+@pytest.mark.c_extension
+def test_the_compiled_core_lets_the_base_write_only_what_it_sets() -> None:
+    from fastaccum._base import STATE, STATE_WRITTEN
+    from fastaccum._cy import StreamAccumulator
+
+    acc = StreamAccumulator()
+    writable = set()
+    for name in STATE:
+        try:
+            setattr(acc, name, getattr(acc, name))
+        except AttributeError:
+            continue
+        writable.add(name)
+    assert writable == set(STATE_WRITTEN)

@@ -2,7 +2,7 @@
 
 Ordinary events are scanned straight from the bytes (no Python object per token). The numbers
 must be bit-identical to orjson's parse, and every event the scanner is unsure of must fall back
-to orjson. ``_fast_scan(False)`` forces the orjson path, which these tests compare against.
+to orjson. ``_debug(fast_scan=False)`` forces the orjson path, which these tests compare against.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import re
 import struct
 from collections.abc import Iterator
 from decimal import Decimal, getcontext
+from types import ModuleType
 
 import numpy as np
 import orjson
@@ -24,19 +25,20 @@ pytestmark = pytest.mark.c_extension
 
 
 @pytest.fixture
-def cy() -> Iterator[object]:
+def cy() -> ModuleType:
     import fastaccum._cy as cy
 
-    old = cy._fast_scan()
-    yield cy
-    cy._fast_scan(old)
+    return cy
 
 
 def _agree(cy, outcomes, data: bytes, **kwargs) -> None:
-    cy._fast_scan(True)
     fast = outcomes.run(cy, [data], **kwargs)
-    cy._fast_scan(False)
-    outcomes.assert_same(fast, outcomes.run(cy, [data], **kwargs))
+    outcomes.assert_same(fast, outcomes.run(cy, [data], debug={"fast_scan": False}, **kwargs))
+
+
+def _scanned(acc) -> bool:
+    """The scanner read the newest event: only it keeps meta_info as bytes for a later parse."""
+    return acc._lazy_meta is not None
 
 
 def _event(numbers: list[bytes], ids: list[int] | None = None, total: int = 0) -> bytes:
@@ -109,11 +111,9 @@ def test_numbers_parse_bit_identically_to_orjson(cy, outcomes) -> None:
     for chunk in chunks:
         _agree(cy, outcomes, _event(chunk) + b"data: [DONE]\n\n", mode="incremental")
         # The values also equal orjson's own reading, bit for bit.
-        cy._fast_scan(True)
-        cy._scanned_events()
         acc = cy.StreamAccumulator("incremental")
         acc.feed(_event(chunk))
-        scanned += cy._scanned_events()
+        scanned += _scanned(acc)
         got = acc.snapshot().logprobs
         want = np.array([float(orjson.loads(n)) if orjson.loads(n) is not None else np.nan for n in chunk])
         assert got.tobytes() == want.tobytes(), [
@@ -266,11 +266,16 @@ def test_streams_match_the_orjson_path(cy, outcomes, incremental: bool, interval
             incremental=incremental, logprob_text=rng.random() < 0.5, skip_tokenizer_init=rng.random() < 0.3
         )
         data = stream_bytes(stream_events(gen, opts, interval=interval))
+        # The terminal event always takes the orjson path: look for the scanner's work before it.
+        terminal = data.rindex(b"data: {")
         for piece in (1, 97, 65536):
-            cy._fast_scan(True)
-            cy._scanned_events()
-            fast = cy.accumulate(split_pieces(data, [piece]))
-            assert cy._scanned_events() > 0 or len(gen.token_ids) == 1
-            cy._fast_scan(False)
-            slow = cy.accumulate(split_pieces(data, [piece]))
-            outcomes.assert_same_result(fast, slow)
+            acc = cy.StreamAccumulator()
+            for part in split_pieces(data[:terminal], [piece]):
+                acc.feed(part)
+            assert _scanned(acc) or len(gen.token_ids) == 1
+            acc.feed(data[terminal:])
+            fast = acc.finish()
+            slow = cy.StreamAccumulator()._debug(fast_scan=False)
+            for part in split_pieces(data, [piece]):
+                slow.feed(part)
+            outcomes.assert_same_result(fast, slow.finish())

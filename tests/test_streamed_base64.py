@@ -2,14 +2,13 @@
 
 Large events are scanned while they arrive and the routed_experts value is decoded piece by piece
 (never held whole); every unusual shape must fall back to the ordinary path. The hook
-``_stream_after_bytes`` lowers the size at which streaming starts so small streams exercise it, and
-every streamed test runs with fastaccum's own AVX2 decoder and with pybase64 alone.
+``_debug(stream_after_bytes=...)`` lowers the size at which streaming starts so small streams exercise
+it, and every streamed test runs with fastaccum's own AVX2 decoder and with pybase64 alone.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -20,31 +19,26 @@ pytestmark = pytest.mark.c_extension
 
 
 @pytest.fixture(params=[True, False], ids=["own-decoder", "pybase64"])
-def decoder(request: pytest.FixtureRequest) -> Iterator[None]:
+def decoder(request: pytest.FixtureRequest) -> bool:
     import fastaccum._cy as cy
 
     if request.param and not cy.B64_SIMD:
         pytest.skip("fastaccum's own decoder needs AVX2")
-    old = cy._decode_in_place(request.param)
-    yield
-    cy._decode_in_place(old)
+    return bool(request.param)
 
 
 @pytest.fixture(params=[0, 1, 40, 300, 5000], ids=lambda n: f"after{n}")
-def streaming(request: pytest.FixtureRequest, decoder: None) -> Iterator[int]:
-    import fastaccum._cy as cy
-
-    old = cy._stream_after_bytes(request.param)
-    yield request.param
-    cy._stream_after_bytes(old)
+def streaming(request: pytest.FixtureRequest, decoder: bool) -> dict[str, object]:
+    """The compiled twin's switches for a test: the streaming threshold and the decoder."""
+    return {"stream_after_bytes": request.param, "decode_in_place": decoder}
 
 
-def _assert_twins_agree(outcomes, data: bytes, sizes: list[int], **kwargs) -> None:
+def _assert_twins_agree(outcomes, streaming: dict[str, object], data: bytes, sizes: list[int], **kwargs) -> None:
     import fastaccum._cy as cy
     import fastaccum._py as py
 
     pieces = split_pieces(data, sizes)
-    outcomes.assert_same(outcomes.run(cy, pieces, **kwargs), outcomes.run(py, pieces, **kwargs))
+    outcomes.assert_same(outcomes.run(cy, pieces, debug=streaming, **kwargs), outcomes.run(py, pieces, **kwargs))
 
 
 def _stream(rng: random.Random, n: int, incremental: bool, top_p: bool) -> bytes:
@@ -84,8 +78,8 @@ def _insert(value: bytes, rng: random.Random, what: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("mutation", range(len(MUTATIONS)))
-def test_streamed_value_matches_the_pure_twin(streaming: int, outcomes, mutation: int) -> None:
-    rng = random.Random(mutation * 1000 + streaming)
+def test_streamed_value_matches_the_pure_twin(streaming: dict[str, object], outcomes, mutation: int) -> None:
+    rng = random.Random(mutation * 1000 + int(streaming["stream_after_bytes"]))
     for _ in range(6):
         data = _stream(rng, rng.choice([1, 5, 30]), rng.random() < 0.5, rng.random() < 0.5)
         key = b'"routed_experts":"'
@@ -98,11 +92,13 @@ def test_streamed_value_matches_the_pure_twin(streaming: int, outcomes, mutation
             mutated = data[:start] + value + data[end:]
         sizes = [rng.choice([1, 2, 3, 5, 64, 1000, 65536]) for _ in range(4)]
         for shape in (None, (3, 2)):
-            _assert_twins_agree(outcomes, mutated, sizes, expert_shape=shape)
+            _assert_twins_agree(outcomes, streaming, mutated, sizes, expert_shape=shape)
 
 
 @pytest.mark.parametrize("unusual", [b"AA==", b"AAA=", b"A===", b"\\/", b"*", b"=", b"\n", b"\r", b'"'], ids=repr)
-def test_a_piece_boundary_anywhere_near_an_unusual_character(streaming: int, outcomes, unusual: bytes) -> None:
+def test_a_piece_boundary_anywhere_near_an_unusual_character(
+    streaming: dict[str, object], outcomes, unusual: bytes
+) -> None:
     # A piece is decoded before the quote search once the characters that close the quantum the
     # previous piece left open are taken; cutting at every offset near the unusual characters puts
     # them in each place of that quantum and of the piece that follows.
@@ -120,7 +116,8 @@ def test_a_piece_boundary_anywhere_near_an_unusual_character(streaming: int, out
             pieces = [mutated[:cut], mutated[cut:second], mutated[second:]]
             for shape in (None, (3, 2)):
                 outcomes.assert_same(
-                    outcomes.run(cy, pieces, expert_shape=shape), outcomes.run(py, pieces, expert_shape=shape)
+                    outcomes.run(cy, pieces, debug=streaming, expert_shape=shape),
+                    outcomes.run(py, pieces, expert_shape=shape),
                 )
 
 
@@ -137,29 +134,32 @@ def test_a_piece_boundary_anywhere_near_an_unusual_character(streaming: int, out
         lambda d: d.replace(b'"dp_rank"', b'\n: ping\ndata: "dp_rank"', 1),
     ],
 )
-def test_unusual_event_shapes_fall_back(streaming: int, outcomes, edit) -> None:
+def test_unusual_event_shapes_fall_back(streaming: dict[str, object], outcomes, edit) -> None:
     rng = random.Random(7)
     for trial in range(4):
         data = _stream(rng, 12, trial % 2 == 0, trial >= 2)
         for sizes in ([1], [7, 3], [65536]):
-            _assert_twins_agree(outcomes, edit(data), sizes, expert_shape=None)
+            _assert_twins_agree(outcomes, streaming, edit(data), sizes, expert_shape=None)
 
 
-def test_max_event_bytes_counts_streamed_characters(streaming: int, outcomes) -> None:
+def test_max_event_bytes_counts_streamed_characters(streaming: dict[str, object], outcomes) -> None:
     rng = random.Random(3)
     data = _stream(rng, 30, True, False)
     terminal = max(len(line) for line in data.split(b"\n"))
     for limit in (terminal - 7, terminal - 6, terminal - 5, terminal + 100):
         for sizes in ([1], [13], [65536]):
-            _assert_twins_agree(outcomes, data, sizes, expert_shape=(3, 2), max_event_bytes=limit)
+            _assert_twins_agree(outcomes, streaming, data, sizes, expert_shape=(3, 2), max_event_bytes=limit)
 
 
-def test_streamed_array_is_writable_and_owned(streaming: int) -> None:
+def test_streamed_array_is_writable_and_owned(streaming: dict[str, object]) -> None:
     import fastaccum._cy as cy
 
     gen = synthetic_generation("own", 20, prompt_tokens=4, expert_shape=(3, 2))
     data = stream_bytes(stream_events(gen, WireOptions(incremental=True), interval=4))
-    result = cy.accumulate(split_pieces(data, [5]), expert_shape=(3, 2))
+    acc = cy.StreamAccumulator(expert_shape=(3, 2))._debug(**streaming)
+    for piece in split_pieces(data, [5]):
+        acc.feed(piece)
+    result = acc.finish()
     assert result.routed_experts.flags.writeable
     assert np.array_equal(result.routed_experts, gen.routed_experts)
     result.routed_experts[0, 0, 0] = -1  # the caller may write into it
@@ -192,3 +192,12 @@ def test_the_decoder_refuses_any_other_byte_at_any_position(simd: bool) -> None:
         for at in range(n):
             for other in others:
                 assert cy._b64_decode(text[:at] + other + text[at + 1 :], simd) is None, (n, at, other)
+
+
+def test_the_own_decoder_is_on_by_default_exactly_where_the_cpu_has_avx2() -> None:
+    import fastaccum._cy as cy
+
+    acc = cy.StreamAccumulator()
+    assert acc._own_decoder == cy.B64_SIMD
+    assert acc._debug(decode_in_place=False)._own_decoder is False
+    assert acc._debug(decode_in_place=True)._own_decoder == cy.B64_SIMD

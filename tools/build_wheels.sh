@@ -81,10 +81,15 @@ SDIST="$(ls "$WORK"/dist/fastaccum-*.tar.gz)"
 tar -xzf "$SDIST" -C "$WORK/sdist"
 SRC="$(ls -d "$WORK"/sdist/fastaccum-*)"
 for needed in LICENSE conftest.py tests tools/load_test.py tools/sglang_ref/scenarios.py docs/bad-inputs.md \
-              tools/fast_tests.sh src_cython/_cy.pyx; do
+              tools/fast_tests.sh src_cython/accumulator.pyx src_cython/chunked.pxd python/chunked.py; do
     [ -e "$SRC/$needed" ] || fail "the sdist lacks $needed"
 done
 if find "$SRC" -name '*.so' -o -name '*.c' | grep -q .; then fail "the sdist carries build products"; fi
+# The compiled twin's modules: one per .pyx, and one per pure-twin module with an augmenting .pxd.
+MODULES=$(ls "$SRC"/src_cython/*.pyx | wc -l)
+for source in "$SRC"/python/*.py; do
+    [ -e "$SRC/src_cython/$(basename "${source%.py}").pxd" ] && MODULES=$((MODULES + 1))
+done
 echo "sdist: $(basename "$SDIST") ($(stat -c %s "$SDIST") bytes)"
 
 # ---- one wheel per interpreter, built from the sdist -------------------------------------------
@@ -111,16 +116,23 @@ for v in "${FOUND[@]}"; do
     check="$WORK/check-$v"
     rm -rf "$check"
     "$TOOLS/bin/python" -m zipfile -e "$wheel" "$check"
-    so="$(ls "$check"/fastaccum/_cy.cpython-*.so)"
+    sos=("$check"/fastaccum/_cy/*.cpython-*.so)
+    [ "${#sos[@]}" -eq "$MODULES" ] || fail "the wheel has ${#sos[@]} compiled modules in fastaccum/_cy, not $MODULES"
     size=$(stat -c %s "$wheel")
     [ "$size" -lt "$MAX_WHEEL_BYTES" ] || fail "$(basename "$wheel") is $size bytes (limit $MAX_WHEEL_BYTES)"
-    if readelf -S "$so" | grep -q '\.debug_'; then fail "$(basename "$so") carries debug sections"; fi
-    if readelf -d "$so" | grep -q -E 'RPATH|RUNPATH'; then fail "$(basename "$so") has a run path"; fi
+    for so in "${sos[@]}"; do
+        if readelf -S "$so" | grep -q '\.debug_'; then fail "$(basename "$so") carries debug sections"; fi
+        if readelf -d "$so" | grep -q -E 'RPATH|RUNPATH'; then fail "$(basename "$so") has a run path"; fi
+    done
+    # Only Python files, the stub and the modules: no Cython or C sources in what users install.
+    if find "$check/fastaccum" -name '*.pyx' -o -name '*.pxd' -o -name '*.h' -o -name '*.c' | grep -q .; then
+        fail "the wheel carries sources that belong to the sdist"
+    fi
     ls "$check"/fastaccum-*.dist-info/licenses/LICENSE >/dev/null || fail "the wheel lacks its LICENSE"
     grep -q '^License-Expression: Apache-2.0$' "$check"/fastaccum-*.dist-info/METADATA \
         || fail "the wheel's METADATA lacks the license expression"
     auditwheel show "$wheel" >"$WORK/show-$v.txt" 2>&1
-    echo "CPython $v: $(basename "$wheel"), $size bytes, .so $(stat -c %s "$so") bytes"
+    echo "CPython $v: $(basename "$wheel"), $size bytes, compiled modules $(cat "${sos[@]}" | wc -c) bytes"
 done
 
 # ---- each wheel in a fresh venv: the compiled core, the SIMD path, the sdist's fast tests --------
@@ -182,13 +194,15 @@ if [ "$RUN_AARCH64" = 1 ]; then
         (cd "$cross/src" && CC="$CROSS_CC" LDSHARED="$CROSS_CC -shared" CFLAGS="-g0" FASTACCUM_REQUIRE_EXTENSIONS=1 \
             "$TOOLS/bin/python" setup.py -q build_ext --build-lib "$cross/lib" --build-temp "$cross/tmp") \
             >"$cross/build.log" 2>&1 || { tail -30 "$cross/build.log"; fail "aarch64 cross-compile"; }
-        so="$(ls "$cross"/lib/fastaccum/_cy.*.so)"
-        readelf -h "$so" | grep -q 'Machine:.*AArch64' || fail "the cross-compiled $so is not AArch64"
-        if readelf -s "$so" | grep -q fa_b64_decode_avx2; then fail "the aarch64 build contains the AVX2 decoder"; fi
-        glibc="$(readelf -V "$so" | grep -o 'GLIBC_[0-9.]*' | sort -V | tail -1)"
+        sos=("$cross"/lib/fastaccum/_cy/*.so)
+        for so in "${sos[@]}"; do
+            readelf -h "$so" | grep -q 'Machine:.*AArch64' || fail "the cross-compiled $so is not AArch64"
+            if readelf -s "$so" | grep -q fa_b64_decode_avx2; then fail "the aarch64 build contains the AVX2 decoder"; fi
+        done
+        glibc="$(readelf -V "${sos[@]}" | grep -o 'GLIBC_[0-9.]*' | sort -V | tail -1)"
         [ "$(printf '%s\n' "$glibc" GLIBC_2.17 | sort -V | tail -1)" = GLIBC_2.17 ] \
             || fail "the aarch64 build needs $glibc, newer than manylinux_2_17 allows"
-        AARCH64_RESULT="compiled and linked: $(readelf -h "$so" | sed -n 's/ *Machine: *//p') ELF, $(stat -c %s "$so") bytes, needs $glibc"
+        AARCH64_RESULT="compiled and linked: ${#sos[@]} modules, $(readelf -h "${sos[0]}" | sed -n 's/ *Machine: *//p') ELF, $(cat "${sos[@]}" | wc -c) bytes, needs $glibc"
     else
         AARCH64_RESULT="SKIPPED: $CROSS_CC not found (apt-get install gcc-aarch64-linux-gnu, or run with CI=true)"
     fi

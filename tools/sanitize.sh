@@ -31,21 +31,20 @@ while [ $# -gt 0 ]; do
     shift
 done
 
-# Build the extension from a copy of the sources (cythonize writes the .c next to the .pyx) and
-# assemble an importable package: fastaccum/*.py + the new _cy*.so, fastaccum/_py = python/.
+# Build the extension from a copy of the sources (cythonize writes the .c next to each source) and
+# assemble an importable package with setup.py's own build_py: fastaccum/, fastaccum/_py from
+# python/, fastaccum/_cy from src_cython/ with the new .so files.
 build() {  # build NAME CFLAGS LDFLAGS
     local name="$1" cflags="$2" ldflags="$3"
     local src="$WORK/$name/src" lib="$WORK/$name/lib"
     rm -rf "$WORK/$name"
     mkdir -p "$src" "$lib"
     cp -r "$ROOT/setup.py" "$ROOT/pyproject.toml" "$ROOT/src_cython" "$ROOT/fastaccum" "$ROOT/python" "$src/"
-    rm -f "$src"/src_cython/*.c "$src"/fastaccum/*.so
+    rm -f "$src"/src_cython/*.c "$src"/src_cython/*.so "$src"/python/*.c "$src"/python/*.so
     (cd "$src" && CFLAGS="$cflags" LDFLAGS="$ldflags" FASTACCUM_REQUIRE_EXTENSIONS=1 \
-        "$PYTHON" setup.py -q build_ext --build-lib "$lib" --build-temp "$WORK/$name/tmp" >"$WORK/$name/build.log" 2>&1) \
-        || { cat "$WORK/$name/build.log"; exit 1; }
-    cp "$src"/fastaccum/*.py "$src"/fastaccum/py.typed "$src"/fastaccum/_cy.pyi "$lib/fastaccum/"
-    cp -r "$src/python" "$lib/fastaccum/_py"
-    echo "built $name: $(ls "$lib"/fastaccum/_cy*.so)"
+        "$PYTHON" setup.py -q build_py --build-lib "$lib" build_ext --build-lib "$lib" --build-temp "$WORK/$name/tmp" \
+        >"$WORK/$name/build.log" 2>&1) || { cat "$WORK/$name/build.log"; exit 1; }
+    echo "built $name: $(ls "$lib"/fastaccum/_cy/*.so | wc -l) modules in $lib/fastaccum/_cy"
 }
 
 # The tests import fastaccum from PYTHONPATH (ahead of the editable install); prove it.

@@ -165,14 +165,23 @@ def check_consistent(r: Any, where: str) -> None:
         raise AssertionError(f"{where}: text is {type(r.text).__name__}")
 
 
-def run_twin(impl: ModuleType, pieces: list[bytes], kwargs: dict[str, Any], method: str = "feed") -> tuple[Any, ...]:
+def run_twin(
+    impl: ModuleType,
+    pieces: list[bytes],
+    kwargs: dict[str, Any],
+    method: str = "feed",
+    debug: dict[str, Any] | None = None,
+) -> tuple[Any, ...]:
     """Feed every piece, then finish(); return (outcome, snapshot, ...) in comparable form.
+    ``debug``: the compiled twin's switches (``StreamAccumulator._debug``).
 
     A non-StreamError exception propagates: that is the crash the harness looks for.
     """
     from fastaccum.errors import StreamError
 
     acc = impl.StreamAccumulator(**kwargs)
+    if debug:
+        acc._debug(**debug)
     feed = getattr(acc, method)
     outcome: tuple[Any, ...]
     try:
@@ -216,14 +225,13 @@ def check_input(data: bytes, twins: tuple[ModuleType, ModuleType] | None = None)
     kwargs = options(header)
     pieces = cut(body, header)
     stream_all, own_decoder = streamed_decode(header)
-    old_after = cy._stream_after_bytes(0 if stream_all else None)
-    old_decoder = cy._decode_in_place(own_decoder)
-    try:
-        method = "feed_chunked" if chunked(header) else "feed"
-        outcomes = [run_twin(impl, feed, kwargs, method) for impl, feed in ((py, pieces), (cy, pieces), (cy, [body]))]
-    finally:
-        cy._stream_after_bytes(old_after)
-        cy._decode_in_place(old_decoder)
+    debug = {"decode_in_place": own_decoder, **({"stream_after_bytes": 0} if stream_all else {})}
+    method = "feed_chunked" if chunked(header) else "feed"
+    outcomes = [
+        run_twin(py, pieces, kwargs, method),
+        run_twin(cy, pieces, kwargs, method, debug),
+        run_twin(cy, [body], kwargs, method, debug),
+    ]
     reference = outcomes[0]
     for label, other in zip(("compiled twin", "compiled twin, one piece"), outcomes[1:]):
         if other != reference:

@@ -1,12 +1,14 @@
-# ---- framing ----------------------------------------------------------------------------------
-# SSE framing on raw bytes, as fastaccum._py.framing: lines end at CR, LF or CRLF only; a blank
-# line dispatches an event. The framer hands events to an EventSink (the pure twin passes a
-# callback) and, inside a large event, bytes to a ValueStream (stream.pxi; compiled twin only).
+"""SSE framing on raw bytes, as fastaccum._py.framing: lines end at CR, LF or CRLF only; a blank
+line dispatches an event.
+
+The framer hands events to an EventSink (the accumulator; the pure twin passes a callback) and,
+inside a large event, bytes to a ValueStream (fastaccum._cy.stream; compiled twin only).
+"""
 
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
 from libc.string cimport memcmp, memcpy
 
-from fa_bytes cimport fa_find_line_end
+from fastaccum._cy.fa_bytes cimport fa_find_line_end
 
 from fastaccum._messages import too_large
 
@@ -19,27 +21,13 @@ cdef enum:
 
 cdef const char* BOM = b"\xef\xbb\xbf"
 cdef const char* DATA_FIELD = b"data:"
-# Events below this size are cut after dispatch (fields.pxi); streaming is not worth it.
+# Events below this size are cut after dispatch (fastaccum._spans); streaming is not worth it.
 cdef Py_ssize_t STREAM_AFTER_BYTES = 4 << 20
-
-
-def _stream_after_bytes(n=None):
-    """Test and debugging hook: the event size at which the streamed scan starts (returns the old
-    value; a huge n turns streaming off, a small one makes every event take it)."""
-    global STREAM_AFTER_BYTES
-    old = STREAM_AFTER_BYTES
-    if n is not None:
-        STREAM_AFTER_BYTES = n
-    return old
 
 
 cdef class ValueStream:
     """Compiled twin only: the base64 values of one large event, taken while its bytes arrive
     (SpanScan in stream.pxi). The framer feeds it; this base does nothing."""
-
-    cdef bint streaming  # inside a value being decoded: the framer hands the bytes here first
-    cdef bint off  # given up: the event takes the ordinary path
-    cdef readonly Py_ssize_t consumed  # characters taken out of the event data
 
     cdef int advance(self, bytearray data, bint at_end=False) except -1:
         """Look at the newly arrived data."""
@@ -65,7 +53,7 @@ cdef class EventSink:
         return False
 
     cdef ValueStream _value_stream(self):
-        """A new ValueStream for an event that grew past STREAM_AFTER_BYTES."""
+        """A new ValueStream for an event that grew past the framer's stream_after_bytes."""
         return ValueStream()
 
 
@@ -76,19 +64,6 @@ cdef class SseFramer:
     other lines (comments, ``event:``, ``id:``, unknown fields) are never buffered.
     """
 
-    cdef readonly object max_event_bytes
-    cdef Py_ssize_t _limit  # -1: no cap
-    cdef readonly bytearray data
-    cdef readonly bint has_data
-    cdef readonly Py_ssize_t events
-    cdef unsigned char _head[8]
-    cdef Py_ssize_t _head_len
-    cdef int _state
-    cdef bint _after_cr
-    cdef bint _at_start
-    cdef EventSink _owner  # the dispatch target (a callback in the pure twin)
-    cdef ValueStream _scan  # the streamed base64 values of a large event (compiled twin only)
-
     def __cinit__(self, max_event_bytes, EventSink owner):
         self.max_event_bytes = max_event_bytes
         self._limit = -1 if max_event_bytes is None else max_event_bytes
@@ -96,14 +71,15 @@ cdef class SseFramer:
         self._state = HEAD
         self._at_start = True
         self._owner = owner
+        self.stream_after_bytes = STREAM_AFTER_BYTES
 
-    cdef Py_ssize_t feed(self, const unsigned char* buf, Py_ssize_t n) except -1:
-        """Frame ``buf``; dispatch each completed event to the owner; return their count."""
-        cdef Py_ssize_t pos = 0, end, count = 0
-        if self._after_cr and n:
+    cdef Py_ssize_t feed(self, const unsigned char* buf, Py_ssize_t pos, Py_ssize_t n) except -1:
+        """Frame ``buf[pos:n]``; dispatch each completed event to the owner; return their count."""
+        cdef Py_ssize_t end, count = 0
+        if self._after_cr and pos < n:
             self._after_cr = False
-            if buf[0] == 10:
-                pos = 1
+            if buf[pos] == 10:
+                pos += 1
         while pos < n:
             if self._state == DATA_VALUE and self._scan is not None and self._scan.streaming:
                 # Inside a streamed base64 value: the scan reads the piece before any line-end
@@ -149,7 +125,7 @@ cdef class SseFramer:
             or end + 1 >= n
             or buf[end + 1] != 10
             or (self._limit >= 0 and end - start > self._limit)
-            or end - start >= STREAM_AFTER_BYTES
+            or end - start >= self.stream_after_bytes
         ):
             return pos
         index = self.events
@@ -230,7 +206,7 @@ cdef class SseFramer:
         if self._scan is not None:
             if not self._scan.off and not self._scan.streaming:
                 self._scan.advance(self.data)
-        elif old + n >= STREAM_AFTER_BYTES:
+        elif old + n >= self.stream_after_bytes:
             self._scan = self._owner._value_stream()
             self._scan.advance(self.data)
         return 0

@@ -1,12 +1,14 @@
-# ---- streamed base64 (compiled twin only) -----------------------------------------------------
-# The routed-experts value of a terminal event can be hundreds of MB of base64 in one line.
-# Once an event grows past STREAM_AFTER_BYTES, the framer runs the span scan of
-# fastaccum._spans.cut_b64_spans while the bytes arrive; inside the routed_experts value it
-# decodes whole base64 quanta of each piece into a Block instead of holding the line. Anything
-# unusual (a backslash, padding before the end, a bad character, the line ending inside the
-# value) puts the exact original bytes back into the event ("de-streaming") and the event takes
-# the ordinary path, so results and errors stay identical to the pure twin's. There is no such
-# path in fastaccum._py.
+"""Streamed base64 (compiled twin only): a large event's base64 values taken while it arrives.
+
+The routed-experts value of a terminal event can be hundreds of MB of base64 in one line. Once
+an event grows past the framer's streaming threshold, the framer runs the span scan of
+fastaccum._spans.cut_b64_spans while the bytes arrive; inside the routed_experts value it
+decodes whole base64 quanta of each piece into a Block instead of holding the line. Anything
+unusual (a backslash, padding before the end, a bad character, the line ending inside the
+value) puts the exact original bytes back into the event ("de-streaming") and the event takes
+the ordinary path, so results and errors stay identical to the pure twin's. There is no such
+path in fastaccum._py.
+"""
 
 from cpython.buffer cimport PyBUF_READ
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
@@ -14,9 +16,13 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.memoryview cimport PyMemoryView_FromMemory
 from libc.string cimport memchr, memcmp, memcpy
 
-from fa_base64 cimport fa_b64_decode, fa_b64_decode_plain, fa_b64_setup, fa_b64_simd
-from fa_bytes cimport fa_find_bytes, fa_rfind_bytes
-from fa_mman cimport fa_advise_huge, fa_map, fa_remap, fa_unmap
+from fastaccum._cy.fa_base64 cimport fa_b64_decode, fa_b64_decode_plain, fa_b64_setup, fa_b64_simd
+from fastaccum._cy.fa_bytes cimport fa_find_bytes, fa_rfind_bytes
+from fastaccum._cy.fa_mman cimport fa_advise_huge, fa_map, fa_remap, fa_unmap
+
+from fastaccum._cy.buffers cimport export_bytes
+from fastaccum._cy.fields cimport read_uint_at
+from fastaccum._cy.framing cimport ValueStream
 
 import pybase64
 
@@ -28,7 +34,11 @@ from fastaccum._policy import B64_KEYS
 # Without AVX2 a plain table loop would be slower than pybase64's own vector code, so there
 # pybase64 decodes everything.
 fa_b64_setup()
-cdef bint DECODE_IN_PLACE = fa_b64_simd
+
+
+cdef bint simd_decoder() noexcept:
+    # fa_b64_simd is static in fa_base64.h: only this module's copy was set up.
+    return fa_b64_simd
 
 
 cdef Py_ssize_t ROUTED_KEY = 4  # index of "routed_experts" in B64_KEYS
@@ -38,10 +48,6 @@ cdef Py_ssize_t BLOCK_MIN_BYTES = 16 << 20
 cdef class Block:
     """Decoded bytes in an anonymous mapping (huge pages where the kernel allows: a 100 MB
     array faults 50 times, not 25,000). Exports a writable byte buffer once complete."""
-
-    cdef char* ptr
-    cdef readonly Py_ssize_t size
-    cdef Py_ssize_t capacity
 
     def __dealloc__(self):
         if self.ptr != NULL:
@@ -102,18 +108,10 @@ cdef class SpanScan(ValueStream):
     """fastaccum._spans.cut_b64_spans' forward scan, run while an event's bytes arrive (state of one event); it
     streams the routed_experts value (``streaming``), and ``off`` means de-streamed."""
 
-    cdef Py_ssize_t pos  # where the next '":"' search starts
-    cdef dict spans  # key -> (start, end) of the value in the event data
-    cdef Block block  # the routed_experts value, decoded; its span in data is empty
-    cdef object expert_shape  # sizes the Block up front when the counts come first
-    cdef Py_ssize_t value_start
-    cdef char tail[4]  # base64 characters not yet forming a whole quantum (or the padded last one)
-    cdef int tail_len
-    cdef bint tail_padded
-
-    def __cinit__(self, expert_shape=None):
+    def __cinit__(self, expert_shape=None, bint own_decoder=True):
         self.spans = {}
         self.expert_shape = expert_shape
+        self.own_decoder = own_decoder and fa_b64_simd
 
     cdef int advance(self, bytearray data, bint at_end=False) except -1:
         """Scan the newly arrived data; start streaming at an open routed_experts value (not
@@ -238,7 +236,7 @@ cdef class SpanScan(ValueStream):
     cdef bint decode(self, const char* p, Py_ssize_t n) except -1:
         """Append the decoding of n characters (whole quanta); False if they are not valid."""
         cdef Block block = self.block
-        if DECODE_IN_PLACE and p[n - 1] != 61:
+        if self.own_decoder and p[n - 1] != 61:
             block.reserve(n // 4 * 3)
             if fa_b64_decode(p, n, block.ptr + block.size):
                 block.size += n // 4 * 3
@@ -298,24 +296,14 @@ cdef Py_ssize_t _expected_bytes(const char* buf, Py_ssize_t n, object expert_sha
     return size if size <= (1 << 32) else 0  # larger (or hostile) sizes grow as they arrive
 
 
-def _decode_in_place(on=None):
-    """Test and debugging hook: whether whole quanta go through fastaccum's AVX2 loop (the default
-    where the CPU has AVX2) rather than pybase64 (returns the old value; never on without AVX2)."""
-    global DECODE_IN_PLACE
-    old = DECODE_IN_PLACE
-    if on is not None:
-        DECODE_IN_PLACE = bool(on) and fa_b64_simd
-    return old
-
-
-def _b64_decode(const unsigned char[::1] text not None, bint simd=True):
+def _b64_decode(bytes text not None, bint simd=True):
     """Test hook: the streamed decoder on whole quanta (None where it refuses). simd=False runs
     the plain loop; B64_SIMD says whether simd=True reaches the AVX2 loop on this CPU."""
-    cdef Py_ssize_t n = text.shape[0]
+    cdef Py_ssize_t n = len(text)
     if n % 4:
         raise ValueError("whole quanta only")
     out = PyBytes_FromStringAndSize(NULL, n // 4 * 3)
-    cdef const unsigned char* src = &text[0] if n else <const unsigned char*>b""
+    cdef const unsigned char* src = <const unsigned char*>PyBytes_AS_STRING(text)
     if simd:
         ok = fa_b64_decode(<const char*>src, n, PyBytes_AS_STRING(out))
     else:

@@ -1,13 +1,15 @@
-# ---- field readers ----------------------------------------------------------------------------
-# Token ids, logprob triples and counts from a parsed event, and the one count the light check
-# reads from the raw bytes, as fastaccum._py.fields; ids and logprobs go straight into buffers.
+"""Field readers: token ids, logprob triples and counts from a parsed event, and the one count
+the light check reads from the raw bytes, as fastaccum._py.fields; ids and logprobs go straight
+into buffers."""
 
 from cpython.exc cimport PyErr_Clear, PyErr_Occurred
 from cpython.float cimport PyFloat_AS_DOUBLE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.object cimport PyObject
 from libc.math cimport NAN
-from libc.stdint cimport int32_t, int64_t
+from libc.stdint cimport INT32_MAX, int32_t
+
+from fastaccum._cy.buffers cimport Buffer, float64s, int32s
 
 from fastaccum._messages import (
     LOGPROBS,
@@ -29,9 +31,6 @@ cdef extern from "Python.h":
 
 # ---- token ids and logprobs -------------------------------------------------------------------
 
-cdef int64_t _TOKEN_ID_LIMIT = 2147483648
-
-
 cdef inline bint _token_id(PyObject* token, int32_t* out) noexcept:
     """The common case, without building a message: an exact int in [0, 2**31)."""
     cdef long long value
@@ -41,13 +40,13 @@ cdef inline bint _token_id(PyObject* token, int32_t* out) noexcept:
     if value == -1 and PyErr_Occurred():
         PyErr_Clear()  # beyond int64: out of range like any other large id
         return False
-    if value < 0 or value >= _TOKEN_ID_LIMIT:
+    if value < 0 or value > INT32_MAX:
         return False
     out[0] = <int32_t>value
     return True
 
 
-cdef int read_id_list(Py_ssize_t index, str where, object value, Int32Buffer out) except -1:
+cdef int read_id_list(Py_ssize_t index, str where, object value, Buffer out) except -1:
     """Validate a list of token ids into ``out`` (cleared first)."""
     cdef Py_ssize_t i, n
     cdef int32_t* dst
@@ -55,9 +54,9 @@ cdef int read_id_list(Py_ssize_t index, str where, object value, Int32Buffer out
     if type(value) is not list:
         raise wrong_type(index, where, "an array", value)
     n = PyList_GET_SIZE(value)
-    out.clear()
+    out.size = 0
     out.reserve(n)
-    dst = out._data
+    dst = int32s(out)
     for i in range(n):
         item = PyList_GET_ITEM(value, i)
         if not _token_id(item, dst + i):
@@ -66,8 +65,7 @@ cdef int read_id_list(Py_ssize_t index, str where, object value, Int32Buffer out
     return 0
 
 
-cdef Py_ssize_t read_logprob_list(Py_ssize_t index, object value, Int32Buffer ids,
-                                  Float64Buffer logprobs) except -1:
+cdef Py_ssize_t read_logprob_list(Py_ssize_t index, object value, Buffer ids, Buffer logprobs) except -1:
     """Split ``[[logprob|null, id, text|null], ...]`` into ``ids`` and ``logprobs`` (cleared
     first; null becomes NaN); return the count."""
     cdef Py_ssize_t i, n, width
@@ -80,12 +78,11 @@ cdef Py_ssize_t read_logprob_list(Py_ssize_t index, object value, Int32Buffer id
     if type(value) is not list:
         raise wrong_type(index, LOGPROBS, "an array", value)
     n = PyList_GET_SIZE(value)
-    ids.clear()
-    logprobs.clear()
+    ids.size = logprobs.size = 0
     ids.reserve(n)
     logprobs.reserve(n)
-    id_out = ids._data
-    lp_out = logprobs._data
+    id_out = int32s(ids)
+    lp_out = float64s(logprobs)
     for i in range(n):
         entry = PyList_GET_ITEM(value, i)
         if not PyList_CheckExact(entry):

@@ -1,18 +1,22 @@
-# ---- event scanner (compiled twin only) -------------------------------------------------------
-# Ordinary SGLang events (finish_reason null, no base64 arrays) read straight from the bytes:
-# ids and logprobs go into the staging buffers without a Python object per token, and the rest
-# of meta_info is kept as bytes, parsed by orjson only when a result is built. The scanner
-# accepts only what orjson would parse to the same values (compact JSON, valid UTF-8, JSON escapes
-# without surrogates, plain non-negative ints for ids and counts); anything else, or any doubt,
-# returns 0 and the event takes the orjson path, which then gives the canonical result or error.
-# There is no such path in fastaccum._py.
+"""Event scanner (compiled twin only): an ordinary event read straight from its bytes.
+
+Ordinary SGLang events (finish_reason null, no base64 arrays) read straight from the bytes:
+ids and logprobs go into the staging buffers without a Python object per token, and the rest
+of meta_info is kept as bytes, parsed by orjson only when a result is built. The scanner
+accepts only what orjson would parse to the same values (compact JSON, valid UTF-8, JSON escapes
+without surrogates, plain non-negative ints for ids and counts); anything else, or any doubt,
+returns 0 and the event takes the orjson path, which then gives the canonical result or error.
+There is no such path in fastaccum._py.
+"""
 
 from cpython.object cimport PyObject
 from libc.math cimport NAN, isinf, isnan
-from libc.stdint cimport int32_t, uint64_t
+from libc.stdint cimport INT32_MAX, int32_t, uint64_t
 from libc.string cimport memcmp
 
-from fa_scan cimport (
+from fastaccum._cy.buffers cimport Buffer, float64s, int32s
+from fastaccum._cy.fields cimport Event
+from fastaccum._cy.fa_scan cimport (
     FA_NUMBER_BAD,
     FA_NUMBER_OK,
     FA_Q_MAX,
@@ -51,32 +55,6 @@ _fill_pow5_table()
 
 cdef enum:
     SCAN_MAX_DEPTH = 64  # deeper values go to orjson (which has its own limit)
-
-# Whether ordinary events use the scanner (tests and debugging can force the orjson path).
-cdef bint FAST_SCAN = True
-
-
-# Events the scanner has read since the last _scanned_events() call (tests check it is used).
-cdef Py_ssize_t SCANNED_EVENTS = 0
-
-
-def _fast_scan(enabled=None):
-    """Test and debugging hook: use (True) or bypass (False) the native event scanner; returns
-    the old setting."""
-    global FAST_SCAN
-    old = FAST_SCAN
-    if enabled is not None:
-        FAST_SCAN = bool(enabled)
-    return old
-
-
-def _scanned_events():
-    """Test hook: how many events the scanner read since the previous call."""
-    global SCANNED_EVENTS
-    count = SCANNED_EVENTS
-    SCANNED_EVENTS = 0
-    return count
-
 
 cdef const unsigned char* skip_string(const unsigned char* p, const unsigned char* end,
                                       bint* escaped) noexcept nogil:
@@ -263,23 +241,8 @@ cdef inline bint _key_is(const unsigned char* key, Py_ssize_t n, const char* nam
     return n == m and memcmp(key, name, m) == 0
 
 
-cdef struct ScanResult:
-    bint has_text
-    bint text_null
-    bint text_escaped
-    const unsigned char* text
-    Py_ssize_t text_len
-    bint has_output_ids
-    bint has_logprobs
-    long long completion  # -1: absent
-    long long lp_length
-    long long prompt
-    const unsigned char* meta  # the meta_info object's bytes, for a lazy orjson parse
-    Py_ssize_t meta_len
-
-
-cdef int scan_event(const unsigned char* base, Py_ssize_t n, Int32Buffer out_ids, Int32Buffer lp_ids,
-                    Float64Buffer lp_values, Py_ssize_t skip, ScanResult* r) except -1:
+cdef int scan_event(const unsigned char* base, Py_ssize_t n, Buffer out_ids, Buffer lp_ids, Buffer lp_values,
+                    Py_ssize_t skip, Event* r) except -1:
     """Read the event base[:n] into the staging buffers: 1, or 0 when the orjson path must decide.
     ``skip``: leading logprob entries whose numbers are validated but not converted (the prefix a
     cumulative event repeats). Pointers in ``r`` point into base."""
@@ -290,7 +253,7 @@ cdef int scan_event(const unsigned char* base, Py_ssize_t n, Int32Buffer out_ids
     cdef bint escaped = False, has_meta = False
     cdef long long value
     r.has_text = r.has_output_ids = r.has_logprobs = False
-    r.completion = r.lp_length = r.prompt = -1
+    r.completion_tokens = r.logprobs_length = r.prompt_tokens = -1
     if p >= end or p[0] != 123:
         return 0
     p += 1
@@ -343,8 +306,6 @@ cdef int scan_event(const unsigned char* base, Py_ssize_t n, Int32Buffer out_ids
         if p[0] == 125:
             if p + 1 != end or not has_meta:
                 return 0
-            global SCANNED_EVENTS
-            SCANNED_EVENTS += 1
             return 1
         if p[0] != 44:
             return 0
@@ -352,9 +313,9 @@ cdef int scan_event(const unsigned char* base, Py_ssize_t n, Int32Buffer out_ids
 
 
 cdef const unsigned char* _scan_ids(const unsigned char* p, const unsigned char* end,
-                                    Int32Buffer out) except? NULL:
+                                    Buffer out) except? NULL:
     cdef long long value
-    out.clear()
+    out.size = 0
     if p >= end or p[0] != 91:
         return NULL
     p += 1
@@ -362,11 +323,11 @@ cdef const unsigned char* _scan_ids(const unsigned char* p, const unsigned char*
         return p + 1
     while True:
         p = scan_uint(p, end, &value)
-        if p == NULL or value >= _TOKEN_ID_LIMIT or p >= end:
+        if p == NULL or value > INT32_MAX or p >= end:
             return NULL
         if out.size == out.capacity:
             out.reserve(1)
-        out._data[out.size] = <int32_t>value
+        int32s(out)[out.size] = <int32_t>value
         out.size += 1
         if p[0] == 93:
             return p + 1
@@ -375,8 +336,8 @@ cdef const unsigned char* _scan_ids(const unsigned char* p, const unsigned char*
         p += 1
 
 
-cdef const unsigned char* _scan_meta(const unsigned char* p, const unsigned char* end, Int32Buffer lp_ids,
-                                     Float64Buffer lp_values, Py_ssize_t skip, ScanResult* r) except? NULL:
+cdef const unsigned char* _scan_meta(const unsigned char* p, const unsigned char* end, Buffer lp_ids,
+                                     Buffer lp_values, Py_ssize_t skip, Event* r) except? NULL:
     cdef const unsigned char* key
     cdef Py_ssize_t key_len
     cdef bint escaped = False, has_finish = False
@@ -406,17 +367,17 @@ cdef const unsigned char* _scan_meta(const unsigned char* p, const unsigned char
             r.has_logprobs = True
             p = _scan_logprobs(p, end, lp_ids, lp_values, skip)
         elif _key_is(key, key_len, b"completion_tokens", 17):
-            if r.completion >= 0:
+            if r.completion_tokens >= 0:
                 return NULL
-            p = scan_uint(p, end, &r.completion)
+            p = scan_uint(p, end, &r.completion_tokens)
         elif _key_is(key, key_len, b"output_token_logprobs_length", 28):
-            if r.lp_length >= 0:
+            if r.logprobs_length >= 0:
                 return NULL
-            p = scan_uint(p, end, &r.lp_length)
+            p = scan_uint(p, end, &r.logprobs_length)
         elif _key_is(key, key_len, b"prompt_tokens", 13):
-            if r.prompt >= 0:
+            if r.prompt_tokens >= 0:
                 return NULL
-            p = scan_uint(p, end, &r.prompt)
+            p = scan_uint(p, end, &r.prompt_tokens)
         elif key_len > 6 and (
             memcmp(key, b"top_p_", 6) == 0 or _key_is(key, key_len, b"routed_experts", 14)
         ):
@@ -432,15 +393,14 @@ cdef const unsigned char* _scan_meta(const unsigned char* p, const unsigned char
         p += 1
 
 
-cdef const unsigned char* _scan_logprobs(const unsigned char* p, const unsigned char* end, Int32Buffer ids,
-                                         Float64Buffer values, Py_ssize_t skip) except? NULL:
+cdef const unsigned char* _scan_logprobs(const unsigned char* p, const unsigned char* end, Buffer ids,
+                                         Buffer values, Py_ssize_t skip) except? NULL:
     """``[[logprob|null, id, text|null], ...]`` into the staging buffers."""
     cdef long long token
     cdef double logprob
     cdef bint escaped = False
     cdef Py_ssize_t n = 0
-    ids.clear()
-    values.clear()
+    ids.size = values.size = 0
     if p >= end or p[0] != 91:
         return NULL
     p += 1
@@ -465,7 +425,7 @@ cdef const unsigned char* _scan_logprobs(const unsigned char* p, const unsigned 
         if p >= end or p[0] != 44:
             return NULL
         p = scan_uint(p + 1, end, &token)
-        if p == NULL or token >= _TOKEN_ID_LIMIT or p >= end:
+        if p == NULL or token > INT32_MAX or p >= end:
             return NULL
         if p[0] == 44:  # the optional text element
             p += 1
@@ -479,8 +439,8 @@ cdef const unsigned char* _scan_logprobs(const unsigned char* p, const unsigned 
                 return NULL
         if p[0] != 93:
             return NULL
-        ids._data[n] = <int32_t>token
-        values._data[n] = logprob
+        int32s(ids)[n] = <int32_t>token
+        float64s(values)[n] = logprob
         n += 1
         ids.size = values.size = n
         p += 1
