@@ -130,7 +130,7 @@ async def _httpx(url: str, payloads: list[dict[str, Any]]) -> tuple[list[int], i
 async def _generate_stream(url: str, payloads: list[dict[str, Any]]) -> tuple[list[int], int | None]:
     import aiohttp
 
-    from fastaccum.client import STREAM_TIMEOUT, GenerateStream
+    from fastaccum.aiohttp_stream import STREAM_TIMEOUT, GenerateStream
 
     connector = aiohttp.TCPConnector(limit=len(payloads))
     async with aiohttp.ClientSession(timeout=STREAM_TIMEOUT, connector=connector) as session:
@@ -165,7 +165,11 @@ def client_child(kind: str, url: str, streams: int, tokens: int) -> dict[str, An
         coro = _client(url, payloads, **({"coalesce_ms": float(window)} if window.isdigit() else {}))
     # A rollout process imported its client long before: one-off import CPU is not per-token cost
     # (fastaccum, numpy and aiohttp take about 0.3 s here, 3 µs per token of a 100k-token run).
-    for module in ("httpx",) if kind.startswith("httpx") else ("fastaccum", "fastaccum.client", "aiohttp"):
+    for module in (
+        ("httpx",)
+        if kind.startswith("httpx")
+        else ("fastaccum", "fastaccum.client", "fastaccum.aiohttp_stream", "aiohttp")
+    ):
         importlib.import_module(module)
     before, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     if kind.endswith("uvloop"):

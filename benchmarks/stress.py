@@ -311,7 +311,7 @@ class EmulatorProcess:
 async def _fastaccum_client(url: str, payloads: list[dict[str, Any]]) -> Any:
     import aiohttp
 
-    from fastaccum.client import STREAM_TIMEOUT, GenerateStream
+    from fastaccum.aiohttp_stream import STREAM_TIMEOUT, GenerateStream
 
     async with aiohttp.ClientSession(timeout=STREAM_TIMEOUT, connector=aiohttp.TCPConnector(limit=len(payloads))) as s:
 
@@ -328,7 +328,7 @@ async def _raw_client(url: str, payloads: list[dict[str, Any]]) -> Any:
     """aiohttp reading every body chunk (iter_any) and doing nothing with it: no feed, no result."""
     import aiohttp
 
-    from fastaccum.client import STREAM_TIMEOUT
+    from fastaccum.aiohttp_stream import STREAM_TIMEOUT
 
     async with aiohttp.ClientSession(timeout=STREAM_TIMEOUT, connector=aiohttp.TCPConnector(limit=len(payloads))) as s:
 

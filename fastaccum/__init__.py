@@ -36,14 +36,17 @@ __all__ = (
 )
 
 
+# The transports are imported only when asked for, so the core stays cheap to load.
+_TRANSPORTS = {
+    "Client": "fastaccum.client",  # owns its connections (httptools)
+    "GenerateStream": "fastaccum.aiohttp_stream",  # on an aiohttp session
+    "consume": "fastaccum.consumer",  # any async byte iterator
+}
+
+
 def __getattr__(name: str) -> object:
-    # The client pulls in aiohttp; import it only when asked so the core stays cheap to load.
-    if name in ("GenerateStream", "consume"):
-        from fastaccum import client
+    if name in _TRANSPORTS:
+        import importlib
 
-        return getattr(client, name)
-    if name == "Client":  # the connection-owning transport (httptools): also loaded on demand
-        from fastaccum import transport
-
-        return transport.Client
+        return getattr(importlib.import_module(_TRANSPORTS[name]), name)
     raise AttributeError(f"module 'fastaccum' has no attribute {name!r}")

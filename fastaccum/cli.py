@@ -296,7 +296,7 @@ def _demo(args: argparse.Namespace) -> int:
 async def _demo_async(args: argparse.Namespace) -> int:
     import aiohttp
 
-    from fastaccum.client import STREAM_TIMEOUT, GenerateStream
+    from fastaccum.aiohttp_stream import STREAM_TIMEOUT, GenerateStream
 
     server_mode = args.server_mode or ("cumulative" if args.mode == "cumulative" else "incremental")
     # Cumulative events repeat the whole response (O(N^2) bytes): a wider interval keeps the

@@ -1,314 +1,478 @@
-"""Async transport for SGLang ``/generate`` streams: reads bytes, feeds the accumulator, handles abort.
+"""``fastaccum.Client``: an HTTP/1.1 client for SGLang servers whose socket reads go to the core whole.
 
-``GenerateStream`` POSTs with aiohttp and feeds the raw body pieces (``iter_any()``, never a line
-reader: aiohttp's line limits break on multi-megabyte events) into a ``StreamAccumulator``.
-``StreamConsumer``/``consume()`` do the same for any async byte iterator (httpx's ``aiter_raw()``).
-This module does I/O only: every byte is interpreted by the accumulator.
+``Client`` owns its connections (``asyncio.BufferedProtocol``; the stock loop and uvloop): the
+response head is parsed by httptools as it arrives, and every body read after it is one call into
+the accumulator (``feed_chunked()`` undoes the chunked encoding in the core), with no Python call
+per HTTP chunk. Streams keep ``GenerateStream``'s contract (both are ``StreamConsumer``s):
+``run()``, ``abort()``, ``snapshot()``, ``kept()``, progress counters, ``CancelledError`` only for
+the caller's own cancel. A completed stream returns its connection to the pool; an aborted or
+failed one closes it, so the server sees the disconnect and stops decoding.
 
-Errors: HTTP status >= 400 is ``ServerError`` (status and body); failing to connect or to get the
-response headers is ``StreamConnectionError``; ``read_timeout`` seconds without a byte is
-``StreamTimeoutError``. A connection that breaks mid-body counts as end of input: the accumulator
-then decides (``StreamTruncatedError`` unless the terminal event had arrived: docs/wire-format.md,
-"What a consumer must do", item 7).
-
-Session timeouts: aiohttp's default ``ClientTimeout`` has ``total=300``, which would kill a long
-rollout. ``GenerateStream`` keeps the session's ``total``/``connect`` settings and replaces only
-``sock_read`` with ``read_timeout``, so create the session with
-``aiohttp.ClientTimeout(total=None, sock_read=None)`` (``STREAM_TIMEOUT`` below).
+The parts live beside it: fastaccum._http (the connection, the response head, the body's length),
+fastaccum._pacing (read coalescing) and fastaccum._timing (what ``result.timing`` reports). This
+module ties them to one request and its outcome.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterable, Mapping
-from typing import Any
+import urllib.parse
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
-from aiohttp.http_exceptions import HttpProcessingError
-
+from fastaccum._http import Body, BodyFraming, Connection, ResponseHead, framing_of, header_lines, request_bytes
 from fastaccum._impl import StreamAccumulator
+from fastaccum._pacing import DEFAULT_COALESCE_MS, ReadPacer, Resumer
+from fastaccum._timing import ReadTimeout, RequestClock
+from fastaccum.consumer import AccumulatorLike, StreamConsumer
 from fastaccum.errors import (
-    ServerError,
     StreamConnectionError,
     StreamError,
     StreamFormatError,
     StreamTimeoutError,
 )
-from fastaccum.result import StreamResult
+from fastaccum.result import StreamResult, StreamTiming
 
-__all__ = ("GenerateStream", "StreamConsumer", "consume", "STREAM_TIMEOUT")
+if TYPE_CHECKING:  # the old import paths of these, served lazily by __getattr__ below
+    from fastaccum.aiohttp_stream import STREAM_TIMEOUT as STREAM_TIMEOUT
+    from fastaccum.aiohttp_stream import GenerateStream as GenerateStream
+    from fastaccum.consumer import consume as consume
 
-# SGLang sends no heartbeats: queueing or a long prefill can mean minutes of silence
-# (docs/wire-format.md, "SSE framing").
-STREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=None)
-# An HTTP error body is quoted in the exception message up to this many characters.
-_ERROR_BODY_CHARS = 2000
+__all__ = ("Client", "ClientStream", "DEFAULT_COALESCE_MS")
 
-
-class StreamConsumer:
-    """Feed an async iterator of byte pieces into a ``StreamAccumulator``, with request-level abort.
-
-    ``await run()`` returns the ``StreamResult``. ``abort()`` (from any task or callback of the same
-    loop) stops the read and makes ``run()`` return the observed prefix with ``aborted=True``; any
-    other cancellation of the task running ``run()`` propagates as ``CancelledError``. Exceptions
-    raised by the iterator itself propagate unchanged.
-    """
-
-    def __init__(
-        self,
-        pieces: AsyncIterable[bytes] | None = None,
-        *,
-        mode: str = "auto",
-        expert_shape: tuple[int, int] | None = None,
-        max_event_bytes: int | None = None,
-    ) -> None:
-        self._pieces = pieces
-        self._accumulator = StreamAccumulator(mode=mode, expert_shape=expert_shape, max_event_bytes=max_event_bytes)
-        self._task: asyncio.Task[Any] | None = None
-        self._started = False
-        self._abort_requested = False
-        self._abort_cancel_pending = False  # abort() cancelled the task; run() must uncancel once
-        self._events = 0
-        self._bytes_received = 0
-
-    # ---- progress (readable while running) -----------------------------------------------------
-    @property
-    def events(self) -> int:
-        """Data events completed so far (``[DONE]`` included)."""
-        return self._events
-
-    @property
-    def bytes_received(self) -> int:
-        return self._bytes_received
-
-    @property
-    def tokens(self) -> int:
-        """The newest token total the stream reported (no parsing: the accumulator's counter)."""
-        return self._accumulator.tokens
-
-    @property
-    def aborted(self) -> bool:
-        return self._abort_requested
-
-    def snapshot(self) -> StreamResult:
-        """The observed prefix (also after an error), ``aborted`` set if ``abort()`` was called."""
-        result = self._accumulator.snapshot()
-        return dataclasses.replace(result, aborted=True) if self._abort_requested else result
-
-    # ---- control -------------------------------------------------------------------------------
-    def abort(self) -> None:
-        """Request-level abort: stop reading this stream (and close its connection) at once.
-
-        Idempotent. If the terminal event has already been fed, ``run()`` still stops reading
-        but returns the complete result with ``aborted=False``.
-        """
-        if self._abort_requested:
-            return
-        self._abort_requested = True
-        task = self._task
-        if task is not None and not task.done() and not self._abort_cancel_pending:
-            self._abort_cancel_pending = True
-            task.cancel()
-
-    async def run(self) -> StreamResult:
-        if self._started:
-            raise RuntimeError("run() can be awaited only once per stream")
-        self._started = True
-        if self._abort_requested:  # aborted before it started: nothing was sent or read
-            return self.snapshot()
-        task = asyncio.current_task()
-        if task is None:
-            raise RuntimeError("run() must be awaited inside an asyncio task")
-        self._task = task
-        try:
-            return await self._read()
-        except asyncio.CancelledError:
-            # Bytes the transport already holds arrived before the cancel: they belong to the
-            # prefix, whoever cancelled (a rollout abort reads the prefix after the cancel).
-            self._feed_buffered()
-            if not self._abort_cancel_pending:
-                raise  # the caller's cancellation: not ours to swallow
-            self._abort_cancel_pending = False
-            # Python 3.11: undo only the cancel() that abort() issued; if the caller cancelled too,
-            # their request is still counted and must propagate.
-            if task.uncancel() > 0:
-                raise
-            return self._aborted_result()
-        finally:
-            self._task = None
-            self._close()
-
-    def kept(self) -> StreamResult:
-        """What a cut keeps: the complete result if the terminal event already arrived
-        (``aborted=False``), else the observed prefix (``aborted=True``). Never raises."""
-        if self._accumulator.finished:
-            try:
-                return self._accumulator.finish()
-            except StreamError:
-                pass  # bytes after the terminal event: keep what was verified, as for any cut
-        return dataclasses.replace(self._accumulator.snapshot(), aborted=True)
-
-    def _aborted_result(self) -> StreamResult:
-        result = self.kept()
-        if not result.aborted:  # the terminal event won the race with abort()
-            self._abort_requested = False
-        return result
-
-    # ---- I/O -----------------------------------------------------------------------------------
-    async def _read(self) -> StreamResult:
-        if self._pieces is None:
-            raise TypeError("StreamConsumer needs an async iterable of bytes")
-        await self._feed_all(self._pieces)
-        return self._accumulator.finish()
-
-    async def _feed_all(self, pieces: AsyncIterable[bytes]) -> None:
-        feed = self._accumulator.feed
-        async for piece in pieces:
-            self._bytes_received += len(piece)
-            self._events += feed(piece)
-
-    def _feed_buffered(self) -> None:
-        """Feed what the transport has already received but not yet handed over (no await)."""
-
-    def _close(self) -> None:
-        """Release transport resources once run() ends; the iterator's owner closes its transport."""
+# Read size: asyncio's own default; every connection of a client reads into one such buffer.
+_READ_BUFFER_BYTES = 262144
 
 
-class GenerateStream(StreamConsumer):
-    """One streaming ``POST /generate`` on an aiohttp session.
+class _Stale(Exception):
+    """A reused connection closed before the response's first byte (the server's idle timeout
+    raced the request): the request is sent again on a new connection."""
 
-    ``payload`` is sent as JSON with ``"stream": true``. ``read_timeout`` (seconds without a byte,
-    default None: SGLang has no heartbeats) raises ``StreamTimeoutError``. ``headers`` are added to
-    the request. The connection is closed (not returned to the pool) whenever the stream ends
-    early: abort, cancellation or error, so the server observes the disconnect and stops decoding.
-    """
+
+# ---- stream -----------------------------------------------------------------------------------
+
+
+class ClientStream(StreamConsumer):
+    """One streaming request on a ``Client`` (made by ``Client.stream()``)."""
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
-        url: str,
+        client: Client,
         payload: Mapping[str, Any],
         *,
+        path: str,
+        mode: str,
+        expert_shape: tuple[int, int] | None,
+        max_event_bytes: int | None,
+        headers: Mapping[str, str] | None,
+        read_timeout: float | None,
+        coalesce_ms: float,
+    ) -> None:
+        super().__init__(None, mode=mode, expert_shape=expert_shape, max_event_bytes=max_event_bytes)
+        self._client = client
+        self._url = client.base_url + path
+        self._request = request_bytes(client._prefix + path, client._headers, {**payload, "stream": True}, headers)
+        window = max(0.0, coalesce_ms) / 1000.0
+        if read_timeout is not None:
+            window = min(window, read_timeout / 2)  # a window never looks like a silent server
+        self._window = window
+        self._pacer = ReadPacer(window)
+        self._clock = RequestClock()
+        self._timeout = ReadTimeout(self._clock, read_timeout, self._timed_out)
+        self.status: int | None = None
+        self._conn: Connection | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._head = ResponseHead(self._url)
+        self._body = BodyFraming(Body.UNTIL_CLOSE)  # where the body ends, once the head says
+        self._feed_body: Callable[[memoryview], int] = self._accumulator.feed
+        self._reusable = False
+        self._paused = False  # reading paused for a window, waiting in the client's Resumer
+
+    @staticmethod
+    def _new_accumulator(**options: Any) -> AccumulatorLike:
+        return StreamAccumulator(**options)
+
+    @property
+    def timing(self) -> StreamTiming | None:
+        """What the transport measured so far (None before the request was written)."""
+        return self._clock.timing(
+            tokens=self._accumulator.tokens, bytes_received=self._bytes_received, events=self._events
+        )
+
+    def snapshot(self) -> StreamResult:
+        return dataclasses.replace(super().snapshot(), timing=self.timing)
+
+    def kept(self) -> StreamResult:
+        return dataclasses.replace(super().kept(), timing=self.timing)
+
+    # ---- request -------------------------------------------------------------------------------
+    async def _read(self) -> StreamResult:
+        loop = asyncio.get_running_loop()
+        for attempt in range(2):
+            conn = await self._client._acquire()
+            reused = conn.requests > 0
+            self._conn = conn
+            conn.requests += 1
+            self._waiter = loop.create_future()
+            conn.attach(self._on_head, self._on_lost)
+            transport = conn.transport
+            if conn.closed or transport is None:
+                self._on_lost(None)
+            else:
+                self._clock.request_sent()
+                transport.write(self._request)
+                self._timeout.arm(loop)
+            try:
+                await self._waiter
+            except _Stale:
+                if attempt or not reused:
+                    raise StreamConnectionError(
+                        f"POST {self._url} failed: the connection closed before a response"
+                    ) from None
+                self._release()
+                continue
+            break
+        self._clock.end()
+        result = self._accumulator.finish()
+        return dataclasses.replace(result, timing=self.timing)
+
+    # ---- receivers (loop callbacks) ------------------------------------------------------------
+    def _on_head(self, data: memoryview) -> None:
+        self._clock.read()
+        try:
+            used = self._head.feed(data)
+            while used >= 0 and self._head.interim:  # 100 Continue, 103 Early Hints: the real one follows
+                data = data[used:]
+                self._head = ResponseHead(self._url)
+                used = self._head.feed(data) if data else -1
+        except StreamFormatError as exc:
+            self._fail(exc)
+            return
+        if used < 0:
+            return
+        self.status = self._head.status
+        if not self._start_body():
+            return
+        rest = data[used:]
+        conn = self._conn
+        if rest and conn is not None and conn.receiver is not None:
+            self._clock.reads -= 1  # the same read, counted once
+            conn.receiver(rest)
+
+    def _start_body(self) -> bool:
+        """Pick the receiver for what follows the head; False when the head already failed."""
+        conn, head = self._conn, self._head
+        assert conn is not None
+        if head.status == 101:
+            self._fail(StreamFormatError(f"{self._url} switched protocols (HTTP 101); Client speaks HTTP/1.1"))
+            return False
+        if head.status >= 300:
+            conn.receiver = self._on_error_body
+            if head.body_complete:  # no body to wait for (Content-Length: 0, 304)
+                self._fail(head.status_error())
+                return False
+            return True
+        try:
+            self._body = framing_of(head)
+        except StreamFormatError as exc:
+            self._fail(exc)
+            return False
+        if self._body.kind is Body.CHUNKED:
+            self._feed_body = self._accumulator.feed_chunked
+        conn.receiver = self._on_body
+        if self._body.ended(False):  # 204, 304, Content-Length: 0
+            self._complete()
+        return True
+
+    def _on_body(self, data: memoryview) -> None:
+        previous = self._clock.last_read
+        stamp = self._clock.read()
+        self._bytes_received += len(data)
+        data, extra = self._body.cut(data)
+        try:
+            count = self._feed_body(data)
+        except StreamError as exc:
+            self._fail(exc)
+            return
+        if count:
+            self._events += count
+            self._clock.events_read(stamp, self._accumulator.tokens)
+        if extra:
+            self._fail(StreamFormatError(f"{self._url} sent {extra} bytes after its Content-Length body"))
+        elif self._body.ended(self._accumulator.chunked_ended):
+            self._complete()
+        elif self._pacer.should_pause(len(data), count, stamp - previous):
+            conn = self._conn
+            assert conn is not None and conn.transport is not None
+            conn.transport.pause_reading()
+            self._paused = True
+            self._client._resumer(self._window).add(self._resume_reading)
+
+    def _resume_reading(self) -> None:
+        if not self._paused:
+            return  # ended while paused
+        self._paused = False
+        conn = self._conn
+        if conn is not None and conn.transport is not None and not conn.closed:
+            conn.transport.resume_reading()
+
+    def _on_error_body(self, data: memoryview) -> None:
+        self._clock.read()
+        self._head.feed_error_body(data)
+        if self._head.body_complete:
+            self._fail(self._head.status_error())
+
+    def _on_lost(self, exc: BaseException | None) -> None:
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return
+        conn = self._conn
+        receiver = conn.receiver if conn is not None else None
+        if receiver == self._on_body:
+            self._complete(eof=True)  # end of input: the accumulator tells truncation from the end
+        elif receiver == self._on_error_body:
+            self._fail(self._head.status_error())
+        elif not self._clock.first_byte:
+            self._fail(_Stale())
+        else:  # the bytes of the head so far were valid (httptools saw each read), but it stopped
+            reason = f": {exc!r}" if exc is not None else ""
+            self._fail(
+                StreamConnectionError(
+                    f"POST {self._url} failed: the connection closed inside the response head{reason}"
+                )
+            )
+
+    # ---- outcome -------------------------------------------------------------------------------
+    def _complete(self, *, eof: bool = False) -> None:
+        self._reusable = self._head.keep_alive and self._body.kind is not Body.UNTIL_CLOSE and not eof
+        self._stop_timers()
+        conn = self._conn
+        if conn is not None and not eof:
+            conn.receiver = self._after_end  # bytes after the response: it cannot be reused
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _after_end(self, data: memoryview) -> None:
+        self._reusable = False
+
+    def _fail(self, exc: BaseException) -> None:
+        self._reusable = False
+        self._stop_timers()
+        conn = self._conn
+        if conn is not None:
+            conn.receiver = self._after_end
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+
+    def _timed_out(self) -> None:
+        seconds = self._timeout.seconds
+        if self.status is None:
+            self._fail(StreamTimeoutError(f"no response from {self._url} within {seconds} s"))
+        else:
+            message = f"no bytes from {self._url} for {seconds} s after {self._events} events"
+            self._fail(StreamTimeoutError(message, event_index=self._events))
+
+    def _stop_timers(self) -> None:
+        self._paused = False
+        self._timeout.cancel()
+
+    def _feed_buffered(self) -> None:
+        """At a cancel, feed what the kernel already holds for this stream (reading may be paused
+        by the window), so the prefix holds every byte that arrived before it."""
+        if self._conn is not None:
+            self._conn.drain(lambda receiver: receiver != self._after_end)
+
+    def _close(self) -> None:
+        self._stop_timers()
+        self._clock.end()
+        self._release()
+
+    def _release(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        reuse = self._reusable and not conn.closed
+        self._reusable = False
+        self._client._release(conn, reuse=reuse)
+
+
+# ---- client -----------------------------------------------------------------------------------
+
+
+class Client:
+    """A pool of HTTP/1.1 connections to one SGLang server or router, for streaming ``/generate``.
+
+    ``async with Client("http://host:port") as client: result = await client.stream(payload).run()``
+
+    ``max_connections`` bounds the open connections (None: no bound; a stream waits for a free
+    one). ``connect_timeout`` seconds to connect, else ``StreamConnectionError``. ``headers`` go
+    with every request (``stream(headers=...)`` adds to them per request, such as a router's
+    ``X-SMG-Routing-Key``). ``coalesce_ms``: the read-coalescing window (0: off); docs/client.md.
+    Plain ``http://`` only: for TLS, use ``GenerateStream`` on an aiohttp session.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        max_connections: int | None = None,
+        connect_timeout: float = 30.0,
+        headers: Mapping[str, str] | None = None,
+        coalesce_ms: float = DEFAULT_COALESCE_MS,
+    ) -> None:
+        parts = urllib.parse.urlsplit(base_url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"Client needs an http://host[:port] URL, not {base_url!r} (TLS: use GenerateStream)")
+        if max_connections is not None and max_connections < 1:
+            raise ValueError(f"max_connections must be a positive int or None, not {max_connections!r}")
+        self._host = parts.hostname
+        self._port = parts.port or 80
+        self._prefix = parts.path.rstrip("/")
+        self._base = f"http://{parts.netloc}{self._prefix}"
+        host_header = parts.netloc.rsplit("@", 1)[-1]
+        self._headers = header_lines({"Host": host_header, **(headers or {})})
+        self._connect_timeout = connect_timeout
+        self._coalesce_ms = coalesce_ms
+        self._slots = asyncio.Semaphore(max_connections) if max_connections is not None else None
+        self._idle: list[Connection] = []
+        self._connections: set[Connection] = set()
+        self._closed = False
+        # Every connection reads into this one buffer: reads are loop callbacks, one at a time.
+        self._buffer = memoryview(bytearray(_READ_BUFFER_BYTES))
+        self._resumers: dict[float, Resumer] = {}  # one per window length
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close every connection; streams still running end as if the server had closed."""
+        self._closed = True
+        for conn in list(self._connections):
+            conn.close()
+        self._idle.clear()
+        for resumer in self._resumers.values():
+            resumer.close()
+        await asyncio.sleep(0)  # let the transports' connection_lost callbacks run
+
+    def stream(
+        self,
+        payload: Mapping[str, Any],
+        *,
+        path: str = "/generate",
         mode: str = "auto",
         expert_shape: tuple[int, int] | None = None,
         max_event_bytes: int | None = None,
         headers: Mapping[str, str] | None = None,
         read_timeout: float | None = None,
-    ) -> None:
-        super().__init__(None, mode=mode, expert_shape=expert_shape, max_event_bytes=max_event_bytes)
-        self._session = session
-        self._url = url
-        self._payload = {**payload, "stream": True}
-        self._headers = dict(headers) if headers else None
-        self._read_timeout = read_timeout
-        self._response: aiohttp.ClientResponse | None = None
-        self.status: int | None = None
-
-    async def _read(self) -> StreamResult:
-        base = self._session.timeout
-        timeout = aiohttp.ClientTimeout(
-            total=base.total,
-            connect=base.connect,
-            sock_read=self._read_timeout,
-            sock_connect=base.sock_connect,
-            ceil_threshold=base.ceil_threshold,
+        coalesce_ms: float | None = None,
+    ) -> ClientStream:
+        """One streaming POST of ``payload`` (sent as JSON with ``"stream": true``); nothing is sent
+        before ``run()``. ``coalesce_ms`` None takes the client's window."""
+        return ClientStream(
+            self,
+            payload,
+            path=path,
+            mode=mode,
+            expert_shape=expert_shape,
+            max_event_bytes=max_event_bytes,
+            headers=headers,
+            read_timeout=read_timeout,
+            coalesce_ms=self._coalesce_ms if coalesce_ms is None else coalesce_ms,
         )
+
+    @property
+    def base_url(self) -> str:
+        return self._base
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def connections(self) -> int:
+        """Connections open now (idle or serving a stream)."""
+        return len(self._connections)
+
+    @property
+    def idle_connections(self) -> int:
+        return len(self._idle)
+
+    # ---- pool ----------------------------------------------------------------------------------
+    async def _acquire(self) -> Connection:
+        if self._closed:
+            raise RuntimeError("Client is closed")
+        if self._slots is not None:
+            await self._slots.acquire()
         try:
-            response = await self._session.post(self._url, json=self._payload, headers=self._headers, timeout=timeout)
-        except aiohttp.ClientResponseError as exc:
-            if isinstance(exc.__cause__, HttpProcessingError):
-                # aiohttp reports a response it could not parse as status 400: the server sent none.
-                raise StreamFormatError(f"malformed response from {self._url}: {exc.message}") from exc
-            # a session created with raise_for_status=True
-            raise ServerError(f"HTTP {exc.status} from {self._url}: {exc.message}", status=exc.status) from exc
-        except aiohttp.ClientError as exc:
-            if isinstance(exc, asyncio.TimeoutError):  # ServerTimeoutError before the headers
-                raise StreamTimeoutError(f"no response from {self._url} within {self._read_timeout} s") from exc
-            raise StreamConnectionError(f"POST {self._url} failed: {exc!r}") from exc
-        except TimeoutError as exc:  # the session's total/connect timeout
-            raise StreamTimeoutError(f"POST {self._url} timed out: {exc!r}") from exc
-        self._response = response
-        self.status = response.status
-        if response.status >= 400:
-            body = await response.text(errors="replace")
-            raise ServerError(
-                f"HTTP {response.status} from {self._url}: {body[:_ERROR_BODY_CHARS]}",
-                status=response.status,
-                server_message=body,
-            )
-        self._watch_parser(response)
+            while self._idle:
+                conn = self._idle.pop()
+                if not conn.closed:
+                    return conn
+            return await self._connect()
+        except BaseException:
+            if self._slots is not None:
+                self._slots.release()
+            raise
+
+    async def _connect(self) -> Connection:
+        loop = asyncio.get_running_loop()
+        where = f"{self._host}:{self._port}"
         try:
-            await self._feed_all(response.content.iter_any())
-        except HttpProcessingError as exc:
-            raise StreamFormatError(
-                f"malformed response body from {self._url}: {exc.message}", event_index=self._events
-            ) from exc
-        except aiohttp.ClientPayloadError:
-            # The body broke off (no end of the chunked encoding): that is end of input, and
-            # finish() tells a truncation from a stream whose terminal event had arrived.
-            pass
-        except aiohttp.ServerTimeoutError as exc:
-            raise StreamTimeoutError(
-                f"no bytes from {self._url} for {self._read_timeout} s after {self._events} events",
-                event_index=self._events,
-            ) from exc
-        except aiohttp.ClientConnectionError:
-            pass  # the connection dropped between chunks: again end of input
-        return self._accumulator.finish()
+            async with asyncio.timeout(self._connect_timeout):
+                _, conn = await loop.create_connection(lambda: Connection(self), self._host, self._port)
+        except TimeoutError as exc:
+            raise StreamConnectionError(f"connecting to {where} timed out after {self._connect_timeout} s") from exc
+        except OSError as exc:
+            raise StreamConnectionError(f"POST {self._base} failed: connecting to {where}: {exc!r}") from exc
+        if self._closed:
+            conn.close()
+            raise RuntimeError("Client is closed")
+        self._connections.add(conn)
+        return conn
 
-    @staticmethod
-    def _watch_parser(response: aiohttp.ClientResponse) -> None:
-        """Make a parse error in the body (a malformed chunk size) reach the body reader.
-
-        aiohttp records it on the connection's protocol and drops later bytes, but the body
-        reader is never told, so it would wait forever; here the protocol's error also ends it.
-        """
-        connection = response.connection
-        protocol = connection.protocol if connection is not None else None
-        if protocol is None:
-            return
-        content = response.content
-        record = protocol.set_exception
-
-        def set_exception(exc: BaseException, *args: Any) -> None:
-            record(exc, *args)
-            if isinstance(exc, HttpProcessingError) and content.exception() is None and not content.is_eof():
-                content.set_exception(exc)
-
-        protocol.set_exception = set_exception  # type: ignore[method-assign, assignment]
-
-    def _feed_buffered(self) -> None:
-        response = self._response
-        if response is None:
-            return
-        try:
-            while piece := response.content.read_nowait():
-                self._bytes_received += len(piece)
-                self._events += self._accumulator.feed(piece)
-        except (StreamError, aiohttp.ClientError, RuntimeError):
-            pass  # a broken body or a bad event ends the drain; the snapshot keeps what verified
-
-    def _close(self) -> None:
-        response, self._response = self._response, None
-        if response is None:
-            return
-        if response.content.is_eof() and not response.closed:
-            response.release()  # fully read: the connection may serve the next request
+    def _release(self, conn: Connection, *, reuse: bool) -> None:
+        if reuse and not self._closed and not conn.closed:
+            conn.detach()
+            self._idle.append(conn)
         else:
-            response.close()  # closes the socket now, so the server sees the client leave
+            conn.close()
+            self._forget(conn)
+        if self._slots is not None:
+            self._slots.release()
+
+    def _resumer(self, window: float) -> Resumer:
+        resumer = self._resumers.get(window)
+        if resumer is None:
+            resumer = self._resumers[window] = Resumer(asyncio.get_running_loop(), window)
+        return resumer
+
+    def _forget(self, conn: Connection) -> None:
+        self._connections.discard(conn)
+        if conn in self._idle:
+            self._idle.remove(conn)
 
 
-async def consume(
-    pieces: AsyncIterable[bytes],
-    *,
-    mode: str = "auto",
-    expert_shape: tuple[int, int] | None = None,
-    max_event_bytes: int | None = None,
-) -> StreamResult:
-    """Feed every piece of an async byte iterator (any transport), then ``finish()``.
+# ---- the names this module had before the transports were split ------------------------------
 
-    Cancellation propagates. For request-level abort, use ``StreamConsumer(pieces, …)`` and its
-    ``abort()``.
-    """
-    return await StreamConsumer(pieces, mode=mode, expert_shape=expert_shape, max_event_bytes=max_event_bytes).run()
+_MOVED = {
+    "GenerateStream": "fastaccum.aiohttp_stream",
+    "STREAM_TIMEOUT": "fastaccum.aiohttp_stream",
+    "StreamConsumer": "fastaccum.consumer",
+    "consume": "fastaccum.consumer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # fastaccum.client held the aiohttp transport and the shared consumer before fastaccum.Client
+    # moved here; their old import paths keep working (aiohttp is imported only when asked for).
+    if name in _MOVED:
+        import importlib
+
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module 'fastaccum.client' has no attribute {name!r}")

@@ -6,11 +6,17 @@ from types import ModuleType
 
 import pytest
 
-import fastaccum.client as client_module
+import fastaccum.aiohttp_stream
+import fastaccum.client
+import fastaccum.consumer
+
+# Each transport module names the twin its streams feed (StreamConsumer._new_accumulator).
+TRANSPORT_MODULES = (fastaccum.consumer, fastaccum.aiohttp_stream, fastaccum.client)
 
 
 @pytest.fixture
 def twin(impl: ModuleType, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    """Run the client on the twin under test (the client builds ``client.StreamAccumulator``)."""
-    monkeypatch.setattr(client_module, "StreamAccumulator", impl.StreamAccumulator)
+    """Run every transport on the twin under test."""
+    for module in TRANSPORT_MODULES:
+        monkeypatch.setattr(module, "StreamAccumulator", impl.StreamAccumulator)
     return impl

@@ -23,7 +23,8 @@ from fastaccum import (
     StreamTruncatedError,
     wire,
 )
-from fastaccum.client import STREAM_TIMEOUT, GenerateStream, StreamConsumer, consume
+from fastaccum.aiohttp_stream import STREAM_TIMEOUT, GenerateStream
+from fastaccum.consumer import StreamConsumer, consume
 from fastaccum.emulator import ABORT_REASON, Emulator
 
 

@@ -43,8 +43,10 @@ import aiohttp
 import numpy as np
 
 import fastaccum
-import fastaccum.client as client_module
-from fastaccum.client import STREAM_TIMEOUT, GenerateStream
+import fastaccum.aiohttp_stream
+import fastaccum.client
+import fastaccum.consumer
+from fastaccum.aiohttp_stream import STREAM_TIMEOUT, GenerateStream
 from fastaccum.emulator import ABORT_REASON, Emulator
 from fastaccum.errors import (
     ServerError,
@@ -431,8 +433,11 @@ def run(
         from fastaccum import _cy
 
         accumulator = _cy.StreamAccumulator
-    saved = client_module.StreamAccumulator
-    client_module.StreamAccumulator = accumulator  # type: ignore[misc]
+    # Each transport module names the twin its streams feed.
+    transports = (fastaccum.consumer, fastaccum.aiohttp_stream, fastaccum.client)
+    saved = [module.StreamAccumulator for module in transports]
+    for module in transports:
+        module.StreamAccumulator = accumulator  # type: ignore[misc]
     servers = [
         EmulatorProcess(incremental=False, seed=seed),
         EmulatorProcess(incremental=True, seed=seed),
@@ -454,7 +459,8 @@ def run(
 
         return asyncio.run(main())
     finally:
-        client_module.StreamAccumulator = saved  # type: ignore[misc]
+        for module, original in zip(transports, saved):
+            module.StreamAccumulator = original  # type: ignore[misc]
         for server in servers:
             server.close()
 

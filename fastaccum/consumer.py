@@ -1,0 +1,180 @@
+"""The shared consumer: feeds byte pieces of one /generate stream into a StreamAccumulator, with
+request-level abort, for any transport.
+
+``StreamConsumer`` is the base of both HTTP transports (``fastaccum.Client``'s streams in
+fastaccum.client, ``GenerateStream`` on aiohttp in fastaccum.aiohttp_stream) and, given an async
+iterator of byte pieces, a transport of its own (``consume()``: httpx's ``aiter_raw()``, a file).
+It owns the contract they share: ``run()``, ``abort()``, ``snapshot()``, ``kept()``, progress
+counters, and ``CancelledError`` only for the caller's own cancel. It does I/O only: every byte
+is interpreted by the accumulator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterable
+from typing import TYPE_CHECKING, Any
+
+from fastaccum._impl import StreamAccumulator
+from fastaccum.errors import StreamError
+from fastaccum.result import StreamResult
+
+if TYPE_CHECKING:
+    from fastaccum._py import StreamAccumulator as AccumulatorLike
+else:
+    AccumulatorLike = Any
+
+__all__ = ("StreamConsumer", "consume", "ERROR_BODY_CHARS", "AccumulatorLike")
+
+# An HTTP error body is quoted in the exception message up to this many characters.
+ERROR_BODY_CHARS = 2000
+
+
+class StreamConsumer:
+    """Feed an async iterator of byte pieces into a ``StreamAccumulator``, with request-level abort.
+
+    ``await run()`` returns the ``StreamResult``. ``abort()`` (from any task or callback of the same
+    loop) stops the read and makes ``run()`` return the observed prefix with ``aborted=True``; any
+    other cancellation of the task running ``run()`` propagates as ``CancelledError``. Exceptions
+    raised by the iterator itself propagate unchanged.
+    """
+
+    def __init__(
+        self,
+        pieces: AsyncIterable[bytes] | None = None,
+        *,
+        mode: str = "auto",
+        expert_shape: tuple[int, int] | None = None,
+        max_event_bytes: int | None = None,
+    ) -> None:
+        self._pieces = pieces
+        self._accumulator = self._new_accumulator(mode=mode, expert_shape=expert_shape, max_event_bytes=max_event_bytes)
+        self._task: asyncio.Task[Any] | None = None
+        self._started = False
+        self._abort_requested = False
+        self._abort_cancel_pending = False  # abort() cancelled the task; run() must uncancel once
+        self._events = 0
+        self._bytes_received = 0
+
+    @staticmethod
+    def _new_accumulator(**options: Any) -> AccumulatorLike:
+        # Each transport module names the twin it feeds (tests point that name at either twin).
+        return StreamAccumulator(**options)
+
+    # ---- progress (readable while running) -----------------------------------------------------
+    @property
+    def events(self) -> int:
+        """Data events completed so far (``[DONE]`` included)."""
+        return self._events
+
+    @property
+    def bytes_received(self) -> int:
+        return self._bytes_received
+
+    @property
+    def tokens(self) -> int:
+        """The newest token total the stream reported (no parsing: the accumulator's counter)."""
+        return self._accumulator.tokens
+
+    @property
+    def aborted(self) -> bool:
+        return self._abort_requested
+
+    def snapshot(self) -> StreamResult:
+        """The observed prefix (also after an error), ``aborted`` set if ``abort()`` was called."""
+        result = self._accumulator.snapshot()
+        return dataclasses.replace(result, aborted=True) if self._abort_requested else result
+
+    # ---- control -------------------------------------------------------------------------------
+    def abort(self) -> None:
+        """Request-level abort: stop reading this stream (and close its connection) at once.
+
+        Idempotent. If the terminal event has already been fed, ``run()`` still stops reading
+        but returns the complete result with ``aborted=False``.
+        """
+        if self._abort_requested:
+            return
+        self._abort_requested = True
+        task = self._task
+        if task is not None and not task.done() and not self._abort_cancel_pending:
+            self._abort_cancel_pending = True
+            task.cancel()
+
+    async def run(self) -> StreamResult:
+        if self._started:
+            raise RuntimeError("run() can be awaited only once per stream")
+        self._started = True
+        if self._abort_requested:  # aborted before it started: nothing was sent or read
+            return self.snapshot()
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("run() must be awaited inside an asyncio task")
+        self._task = task
+        try:
+            return await self._read()
+        except asyncio.CancelledError:
+            # Bytes the transport already holds arrived before the cancel: they belong to the
+            # prefix, whoever cancelled (a rollout abort reads the prefix after the cancel).
+            self._feed_buffered()
+            if not self._abort_cancel_pending:
+                raise  # the caller's cancellation: not ours to swallow
+            self._abort_cancel_pending = False
+            # Python 3.11: undo only the cancel() that abort() issued; if the caller cancelled too,
+            # their request is still counted and must propagate.
+            if task.uncancel() > 0:
+                raise
+            return self._aborted_result()
+        finally:
+            self._task = None
+            self._close()
+
+    def kept(self) -> StreamResult:
+        """What a cut keeps: the complete result if the terminal event already arrived
+        (``aborted=False``), else the observed prefix (``aborted=True``). Never raises."""
+        if self._accumulator.finished:
+            try:
+                return self._accumulator.finish()
+            except StreamError:
+                pass  # bytes after the terminal event: keep what was verified, as for any cut
+        return dataclasses.replace(self._accumulator.snapshot(), aborted=True)
+
+    def _aborted_result(self) -> StreamResult:
+        result = self.kept()
+        if not result.aborted:  # the terminal event won the race with abort()
+            self._abort_requested = False
+        return result
+
+    # ---- I/O -----------------------------------------------------------------------------------
+    async def _read(self) -> StreamResult:
+        if self._pieces is None:
+            raise TypeError("StreamConsumer needs an async iterable of bytes")
+        await self._feed_all(self._pieces)
+        return self._accumulator.finish()
+
+    async def _feed_all(self, pieces: AsyncIterable[bytes]) -> None:
+        feed = self._accumulator.feed
+        async for piece in pieces:
+            self._bytes_received += len(piece)
+            self._events += feed(piece)
+
+    def _feed_buffered(self) -> None:
+        """Feed what the transport has already received but not yet handed over (no await)."""
+
+    def _close(self) -> None:
+        """Release transport resources once run() ends; the iterator's owner closes its transport."""
+
+
+async def consume(
+    pieces: AsyncIterable[bytes],
+    *,
+    mode: str = "auto",
+    expert_shape: tuple[int, int] | None = None,
+    max_event_bytes: int | None = None,
+) -> StreamResult:
+    """Feed every piece of an async byte iterator (any transport), then ``finish()``.
+
+    Cancellation propagates. For request-level abort, use ``StreamConsumer(pieces, …)`` and its
+    ``abort()``.
+    """
+    return await StreamConsumer(pieces, mode=mode, expert_shape=expert_shape, max_event_bytes=max_event_bytes).run()
