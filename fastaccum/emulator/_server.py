@@ -1,36 +1,5 @@
-"""An SGLang ``/generate`` server emulator on aiohttp.web: the demo's server and every network test's double.
-
-The bytes come from ``fastaccum.wire`` (orjson, SGLang 0.5.23 key order, ``data: …\\n\\n``,
-``data: [DONE]\\n\\n``), so the emulator follows docs/wire-format.md; ``version="0.5.15"``
-switches the stream-interval rule and the echo ``output_ids`` (its sections "Stream interval and
-coalescing", "The abort echo" and "Version differences").
-
-Tokens are a pure function of (seed, rid, position) (``wire.synthetic_generation``), so a client can
-check every token with ``Emulator.expected``. Each running request has a decode task that produces
-tokens and queues outputs; the HTTP handler drains the queue like SGLang's tokenizer manager:
-cumulative mode sends only the newest output (dropped frames), incremental mode coalesces them.
-
-Request keys: ``input_ids`` or ``text``, ``sampling_params`` (``max_new_tokens`` default 128,
-``stream_interval``, ``stop_token_ids``, ``custom_params.return_top_p_token_ids``),
-``return_logprob``, ``return_text_in_logprobs``, ``return_routed_experts``, ``rid``, ``stream``.
-
-Fault injection: the request key ``"fastaccum_fault"`` (real SGLang ignores unknown keys) or the
-server's ``fault`` option, a dict ``{"kind": …, "at": event index (default 1), …}``:
-
-- ``error_event``: an ``{"error": …}`` event (``message``, ``code``) instead of event ``at``, then [DONE]
-- ``malformed_json``: broken JSON instead of event ``at``, then [DONE]
-- ``cut``: half of event ``at``, then the connection is closed without the end of the chunked body
-- ``http_500``: HTTP 500 with a JSON body before any SSE byte
-- ``stall``: ``seconds`` (default 1.0) of silence before event ``at`` (``"done"``: before [DONE])
-- ``coalesce``: events go out in groups of ``count`` (default 3) outputs: incremental deltas are
-  merged (``wire.coalesce``), cumulative frames dropped
-- ``zero_token_terminal``: the terminal event carries no new token
-- ``split``: every event is written in pieces of ``size`` bytes (default 7)
-- ``retract``: before event ``at`` the request is retracted (it stops decoding and keeps its
-  output, as under memory pressure); an ``/abort_request`` then ends it with the abort echo chunk
-  holding every token decoded so far; without one, it stays silent for ``seconds`` (default 30)
-- ``strip_keys``: every event's ``meta_info`` lacks the listed ``keys``
-"""
+"""``Emulator``: the SGLang server on aiohttp.web: its options, its HTTP endpoints, and the event
+stream it writes for each request (with the injected faults). fastaccum.emulator describes it."""
 
 from __future__ import annotations
 
@@ -45,68 +14,22 @@ import orjson
 from aiohttp import web
 
 from fastaccum import wire
+from fastaccum.emulator._requests import (
+    FAULT_KEY,
+    ConnectionCut,
+    EmulatorStats,
+    Request,
+    StreamEnded,
+    check_fault,
+    decode,
+    drain,
+    truncate,
+)
 from fastaccum.wire import Generation, WireOptions
 
-__all__ = ("Emulator", "EmulatorStats", "FAULT_KEY", "FAULT_KINDS", "ABORT_REASON")
+__all__ = ("Emulator",)
 
-FAULT_KEY = "fastaccum_fault"
-FAULT_KINDS = (
-    "error_event",
-    "malformed_json",
-    "cut",
-    "http_500",
-    "stall",
-    "coalesce",
-    "zero_token_terminal",
-    "split",
-    "retract",
-    "strip_keys",
-)
-# finish_reason of a running request ended by /abort_request (docs/wire-format.md, "finish_reason").
-ABORT_REASON: dict[str, Any] = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
-# Lockstep decoding yields to the loop at least this often so other requests and aborts progress.
-_YIELD_EVERY_TOKENS = 256
-
-
-@dataclasses.dataclass
-class EmulatorStats:
-    """Counters a test can read (also served by ``GET /v1/loads``)."""
-
-    requests: int = 0
-    completed: int = 0  # streams that wrote their terminal event
-    aborted: int = 0  # requests hit by /abort_request
-    disconnects: int = 0  # streams the client left before their terminal event
-    disconnected_rids: list[str] = dataclasses.field(default_factory=list)
-    tokens: int = 0  # decoded tokens, all requests
-    # rid -> completion tokens of the newest event whose write returned (streams only)
-    written: dict[str, int] = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass
-class _Output:
-    start: int
-    end: int
-    terminal: bool = False
-    reason: dict[str, Any] | None = None
-
-
-@dataclasses.dataclass(eq=False)
-class _Request:
-    rid: str
-    gen: Generation
-    opts: WireOptions
-    interval: int
-    fault: dict[str, Any]
-    state: str = "queued"  # queued -> running -> done; queued -> echo on abort
-    produced: int = 0
-    abort_requested: bool = False
-    outbox: list[_Output] = dataclasses.field(default_factory=list)
-    final: _Output | None = None  # the terminal output, once decoded
-    admitted: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
-    wake: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)  # outbox has outputs
-    sent: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)  # writer took the outbox
-    decoder: asyncio.Task[None] | None = None
 
 
 class Emulator:
@@ -140,7 +63,7 @@ class Emulator:
         if version not in ("0.5.23", "0.5.15"):
             raise ValueError(f"version must be '0.5.23' or '0.5.15', not {version!r}")
         if fault is not None:
-            _check_fault(fault)
+            check_fault(fault)
         self.host, self.port = host, port
         self.incremental_streaming_output = incremental_streaming_output
         self.stream_interval = max(1, int(stream_interval))
@@ -156,8 +79,8 @@ class Emulator:
         # Token texts without U+2028/U+2029/U+0085, for clients that read lines with splitlines().
         self.text_pieces = wire.PLAIN_TEXT_PIECES if plain_text else wire.TEXT_PIECES
         self.stats = EmulatorStats()
-        self._running: set[_Request] = set()
-        self._waiting: deque[_Request] = deque()
+        self._running: set[Request] = set()
+        self._waiting: deque[Request] = deque()
         self._runner: web.AppRunner | None = None
         self._closing = False
 
@@ -198,6 +121,9 @@ class Emulator:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
+
+    def _is_closing(self) -> bool:
+        return self._closing
 
     @property
     def url(self) -> str:
@@ -316,7 +242,7 @@ class Emulator:
             return _json_error(400, "the request body must be a JSON object")
         fault = body.get(FAULT_KEY, self.fault) or {}
         try:
-            _check_fault(fault)
+            check_fault(fault)
             req = self._make_request(body, fault)
         except ValueError as exc:
             return _json_error(400, str(exc))
@@ -350,14 +276,14 @@ class Emulator:
         finally:
             self._release(req)
 
-    def _note_disconnect(self, req: _Request) -> None:
+    def _note_disconnect(self, req: Request) -> None:
         if req.state != "done":
             req.state = "done"
             self.stats.disconnects += 1
             self.stats.disconnected_rids.append(req.rid)
 
     # ---- requests ------------------------------------------------------------------------------
-    def _make_request(self, body: dict[str, Any], fault: dict[str, Any]) -> _Request:
+    def _make_request(self, body: dict[str, Any], fault: dict[str, Any]) -> Request:
         params = body.get("sampling_params") or {}
         if "input_ids" in body:
             ids = body["input_ids"]
@@ -385,7 +311,7 @@ class Emulator:
         if stops:
             hit = next((i for i, t in enumerate(gen.token_ids) if t in stops), None)
             if hit is not None:
-                gen = _truncate(gen, hit + 1, {"type": "stop", "matched": gen.token_ids[hit]})
+                gen = truncate(gen, hit + 1, {"type": "stop", "matched": gen.token_ids[hit]})
         opts = WireOptions(
             incremental=self.incremental_streaming_output,
             return_logprob=return_logprob,
@@ -394,17 +320,19 @@ class Emulator:
             version=self.version,
         )
         interval = int(params.get("stream_interval") or self.stream_interval)
-        return _Request(rid=rid, gen=gen, opts=opts, interval=max(1, interval), fault=fault)
+        return Request(rid=rid, gen=gen, opts=opts, interval=max(1, interval), fault=fault)
 
     def _admit(self) -> None:
         while self._waiting and len(self._running) < self.max_running_requests and not self._closing:
             req = self._waiting.popleft()
             req.state = "running"
             self._running.add(req)
-            req.decoder = asyncio.get_running_loop().create_task(self._decode(req))
+            req.decoder = asyncio.get_running_loop().create_task(
+                decode(req, token_rate=self.token_rate, count=self._count)
+            )
             req.admitted.set()
 
-    def _release(self, req: _Request) -> None:
+    def _release(self, req: Request) -> None:
         if req.decoder is not None and not req.decoder.done():
             # A client that left stops its generation (docs/wire-format.md, "Aborts"; 0.5.23).
             req.decoder.cancel()
@@ -413,104 +341,11 @@ class Emulator:
             self._waiting.remove(req)
         self._admit()
 
-    async def _decode(self, req: _Request) -> None:
-        """Produce tokens and queue outputs at SGLang's emission points (docs/wire-format.md,
-        "Stream interval and coalescing")."""
-        n, fault_kind = len(req.gen.token_ids), req.fault.get("kind")
-        points = set(wire.emission_points(n, req.interval, req.opts.version)[:-1])
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        k = prev = 0
-
-        def push(end: int, *, terminal: bool = False, reason: dict[str, Any] | None = None) -> None:
-            nonlocal prev
-            out = _Output(prev, end, terminal, reason)
-            req.outbox.append(out)
-            if terminal:
-                req.final = out
-            prev = end
-            req.wake.set()
-
-        while True:
-            if req.abort_requested:
-                # A running request decodes one more token before the abort applies
-                # (docs/wire-format.md, "Aborts").
-                k = min(k + 1, n)
-                self._count(req, k)
-                push(k, terminal=True, reason=ABORT_REASON)
-                return
-            if self.token_rate is None:
-                due = k + 1
-            else:
-                due = min(n, int((loop.time() - start) * self.token_rate) + 1)  # first token at once
-                if due <= k:
-                    await asyncio.sleep(max(0.0, start + k / self.token_rate - loop.time()))
-                    continue
-            pushed = False
-            for j in range(k + 1, due + 1):
-                if j == n:
-                    if fault_kind == "zero_token_terminal":
-                        push(n)
-                        # A separate event: the writer must not merge the empty terminal delta.
-                        req.sent.clear()
-                        await req.sent.wait()
-                        push(n, terminal=True)
-                    else:
-                        push(n, terminal=True)
-                    pushed = True
-                elif j in points:
-                    push(j)
-                    pushed = True
-            self._count(req, due)
-            k = due
-            if k >= n:
-                return
-            if self.token_rate is None:
-                if pushed:
-                    req.sent.clear()
-                    await req.sent.wait()
-                elif k % _YIELD_EVERY_TOKENS == 0:
-                    await asyncio.sleep(0)
-
-    def _count(self, req: _Request, k: int) -> None:
+    def _count(self, req: Request, k: int) -> None:
         self.stats.tokens += k - req.produced
         req.produced = k
 
-    def _build(self, req: _Request, outs: list[_Output], *, first: bool) -> dict[str, Any]:
-        """One wire event for the queued outputs: newest only (cumulative), coalesced (incremental)."""
-        events = [
-            wire.normal_event(
-                req.gen, req.opts, o.start, o.end, terminal=o.terminal, finish_reason=o.reason, first=first and i == 0
-            )
-            for i, o in enumerate(outs if req.opts.incremental else outs[-1:])
-        ]
-        return events[0] if len(events) == 1 else wire.coalesce(events)
-
-    async def _drain(self, req: _Request, emit: Callable[[int, dict[str, Any]], Awaitable[None]]) -> None:
-        """Hand every event to ``emit(index, event)`` until the terminal one."""
-        group = int(req.fault.get("count", 3)) if req.fault.get("kind") == "coalesce" else 1
-        pending: list[_Output] = []
-        index = 0
-        while True:
-            await req.wake.wait()
-            req.wake.clear()
-            if self._closing:
-                raise _StreamEnded
-            pending += req.outbox
-            req.outbox = []
-            terminal = any(o.terminal for o in pending)
-            if not pending or (len(pending) < group and not terminal):
-                req.sent.set()
-                continue
-            event = self._build(req, pending, first=index == 0)
-            pending = []
-            await emit(index, event)
-            index += 1
-            req.sent.set()
-            if terminal:
-                return
-
-    async def _stream(self, request: web.Request, req: _Request) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, req: Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers=_SSE_HEADERS)
         # SGLang sends the headers before the generator runs, so queueing happens after them
         # (docs/wire-format.md, "SSE framing").
@@ -522,7 +357,7 @@ class Emulator:
             self._note_disconnect(req)
             return resp
 
-    async def _stream_body(self, request: web.Request, req: _Request, resp: web.StreamResponse) -> web.StreamResponse:
+    async def _stream_body(self, request: web.Request, req: Request, resp: web.StreamResponse) -> web.StreamResponse:
         await req.admitted.wait()
         if self._closing:
             return resp  # an unfinished body: the client sees a truncated stream
@@ -549,31 +384,31 @@ class Emulator:
             if index == at and kind is not None:
                 if kind == "retract":
                     await self._retract(req, write, float(fault.get("seconds", 30.0)))
-                    raise _StreamEnded
+                    raise StreamEnded
                 if kind == "stall":
                     await asyncio.sleep(float(fault.get("seconds", 1.0)))
                 elif kind == "error_event":
                     err = wire.error_event(fault.get("message", "injected error"), int(fault.get("code", 400)))
                     await write(wire.sse(err) + wire.DONE)
-                    raise _StreamEnded
+                    raise StreamEnded
                 elif kind == "malformed_json":
                     await write(b'data: {"text":"broken","output_ids":[1,\n\n' + wire.DONE)
-                    raise _StreamEnded
+                    raise StreamEnded
                 elif kind == "cut":
                     data = wire.sse(event)
                     await write(data[: len(data) // 2])
-                    raise _ConnectionCut
+                    raise ConnectionCut
             for key in strip:
                 event["meta_info"].pop(key, None)
             await write(wire.sse(event))
             self.stats.written[req.rid] = event["meta_info"].get("completion_tokens", 0)
 
         try:
-            await self._drain(req, emit)
-        except _StreamEnded:
+            await drain(req, emit, closing=self._is_closing)
+        except StreamEnded:
             req.state = "done"
             return resp
-        except _ConnectionCut:
+        except ConnectionCut:
             req.state = "done"
             # Closing the transport leaves the chunked body unfinished: the client sees a truncated
             # stream, as when SGLang's generator raises mid-stream (docs/wire-format.md, "Errors").
@@ -588,7 +423,7 @@ class Emulator:
         await resp.write_eof()
         return resp
 
-    async def _retract(self, req: _Request, write: Callable[[bytes], Awaitable[None]], seconds: float) -> None:
+    async def _retract(self, req: Request, write: Callable[[bytes], Awaitable[None]], seconds: float) -> None:
         """Stop decoding and keep the output; an abort ends the stream with the echo chunk."""
         if req.decoder is not None:
             req.decoder.cancel()
@@ -601,7 +436,7 @@ class Emulator:
             self.stats.written[req.rid] = req.produced
         req.state = "done"
 
-    async def _non_stream(self, req: _Request) -> web.Response:
+    async def _non_stream(self, req: Request) -> web.Response:
         await req.admitted.wait()
         if self._closing:
             return _json_error(503, "emulator stopping")
@@ -615,8 +450,8 @@ class Emulator:
                 last[:] = [event]
 
             try:
-                await self._drain(req, keep)
-            except _StreamEnded:
+                await drain(req, keep, closing=self._is_closing)
+            except StreamEnded:
                 return _json_error(503, "emulator stopping")
             assert req.final is not None
             final = wire.normal_event(
@@ -625,38 +460,6 @@ class Emulator:
         req.state = "done"
         self.stats.completed += 1
         return web.Response(body=orjson.dumps(final), content_type="application/json")
-
-
-class _StreamEnded(Exception):
-    """An injected fault ended the stream with [DONE]."""
-
-
-class _ConnectionCut(Exception):
-    """An injected fault cut the connection mid-event."""
-
-
-def _check_fault(fault: dict[str, Any]) -> None:
-    if not isinstance(fault, dict):
-        raise ValueError(f"{FAULT_KEY} must be an object")
-    if fault and fault.get("kind") not in FAULT_KINDS:
-        raise ValueError(f"unknown fault kind {fault.get('kind')!r}; expected one of {', '.join(FAULT_KINDS)}")
-
-
-def _truncate(gen: Generation, n: int, reason: dict[str, Any]) -> Generation:
-    """The same generation stopped after ``n`` tokens (the token source is prefix-stable)."""
-    routed = gen.routed_experts
-    if routed is not None:
-        routed = routed[: max(gen.prompt_tokens + n - 1, 0)]
-    rows = gen.top_p_rows[:n] if gen.top_p_rows is not None else None
-    return dataclasses.replace(
-        gen,
-        token_ids=gen.token_ids[:n],
-        logprobs=gen.logprobs[:n],
-        token_texts=gen.token_texts[:n],
-        finish_reason=reason,
-        top_p_rows=rows,
-        routed_experts=routed,
-    )
 
 
 def _json_ok(obj: dict[str, Any]) -> web.Response:

@@ -1,0 +1,38 @@
+"""An SGLang ``/generate`` server emulator on aiohttp.web: the demo's server and every network test's double.
+
+The bytes come from ``fastaccum.wire`` (orjson, SGLang 0.5.23 key order, ``data: …\\n\\n``,
+``data: [DONE]\\n\\n``), so the emulator follows docs/wire-format.md; ``version="0.5.15"``
+switches the stream-interval rule and the echo ``output_ids`` (its sections "Stream interval and
+coalescing", "The abort echo" and "Version differences").
+
+Tokens are a pure function of (seed, rid, position) (``wire.synthetic_generation``), so a client can
+check every token with ``Emulator.expected``. Each running request has a decode task that produces
+tokens and queues outputs; the HTTP handler drains the queue like SGLang's tokenizer manager:
+cumulative mode sends only the newest output (dropped frames), incremental mode coalesces them.
+
+Request keys: ``input_ids`` or ``text``, ``sampling_params`` (``max_new_tokens`` default 128,
+``stream_interval``, ``stop_token_ids``, ``custom_params.return_top_p_token_ids``),
+``return_logprob``, ``return_text_in_logprobs``, ``return_routed_experts``, ``rid``, ``stream``.
+
+Fault injection: the request key ``"fastaccum_fault"`` (real SGLang ignores unknown keys) or the
+server's ``fault`` option, a dict ``{"kind": …, "at": event index (default 1), …}``:
+
+- ``error_event``: an ``{"error": …}`` event (``message``, ``code``) instead of event ``at``, then [DONE]
+- ``malformed_json``: broken JSON instead of event ``at``, then [DONE]
+- ``cut``: half of event ``at``, then the connection is closed without the end of the chunked body
+- ``http_500``: HTTP 500 with a JSON body before any SSE byte
+- ``stall``: ``seconds`` (default 1.0) of silence before event ``at`` (``"done"``: before [DONE])
+- ``coalesce``: events go out in groups of ``count`` (default 3) outputs: incremental deltas are
+  merged (``wire.coalesce``), cumulative frames dropped
+- ``zero_token_terminal``: the terminal event carries no new token
+- ``split``: every event is written in pieces of ``size`` bytes (default 7)
+- ``retract``: before event ``at`` the request is retracted (it stops decoding and keeps its
+  output, as under memory pressure); an ``/abort_request`` then ends it with the abort echo chunk
+  holding every token decoded so far; without one, it stays silent for ``seconds`` (default 30)
+- ``strip_keys``: every event's ``meta_info`` lacks the listed ``keys``
+"""
+
+from fastaccum.emulator._requests import ABORT_REASON, FAULT_KEY, FAULT_KINDS, EmulatorStats
+from fastaccum.emulator._server import Emulator
+
+__all__ = ("Emulator", "EmulatorStats", "FAULT_KEY", "FAULT_KINDS", "ABORT_REASON")
