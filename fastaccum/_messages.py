@@ -317,7 +317,7 @@ _CHUNK_PLACES = (
     "where a chunk size was expected",
     "in the chunk size (expected a hex digit, ';' or CRLF)",
     "after the chunk size (expected ';' or CRLF)",
-    "in a chunk extension (expected CRLF)",
+    "after ';' (expected a chunk-extension name)",
     "after CR (expected LF)",
     "in chunk data",
     "after chunk data (expected CRLF)",
@@ -327,6 +327,13 @@ _CHUNK_PLACES = (
     "after CR (expected LF)",
     "after CR (expected LF)",
     "after the end of the chunked body",
+    "in a chunk-extension name (expected a token character, '=', ';' or CRLF)",
+    "after a chunk-extension name (expected '=', ';' or CRLF)",
+    "after '=' (expected a token or a quoted string)",
+    "in a chunk-extension value (expected a token character, ';' or CRLF)",
+    "in a quoted chunk-extension value (a control character: the quote never closed?)",
+    "after a backslash in a quoted chunk-extension value",
+    "after a chunk-extension value (expected ';' or CRLF)",
 )
 
 

@@ -88,13 +88,21 @@ class GenerateStream(StreamConsumer):
             ceil_threshold=base.ceil_threshold,
         )
         try:
-            response = await self._session.post(self._url, json=self._payload, headers=self._headers, timeout=timeout)
+            # Redirects are not followed: a POST of a generation belongs to the server it was sent to.
+            response = await self._session.post(
+                self._url, json=self._payload, headers=self._headers, timeout=timeout, allow_redirects=False
+            )
         except aiohttp.ClientResponseError as exc:
             if isinstance(exc.__cause__, HttpProcessingError):
                 # aiohttp reports a response it could not parse as status 400: the server sent none.
                 raise StreamFormatError(f"malformed response from {self._url}: {exc.message}") from exc
             # a session created with raise_for_status=True
             raise ServerError(f"HTTP {exc.status} from {self._url}: {exc.message}", status=exc.status) from exc
+        except aiohttp.ClientConnectorError as exc:
+            reason = exc.os_error.strerror or str(exc.os_error)
+            raise StreamConnectionError(
+                f"POST {self._url} failed: cannot connect to {exc.host}:{exc.port} ({reason})"
+            ) from exc
         except aiohttp.ClientError as exc:
             if isinstance(exc, asyncio.TimeoutError):  # ServerTimeoutError before the headers
                 raise StreamTimeoutError(f"no response from {self._url} within {self._read_timeout} s") from exc
@@ -103,8 +111,13 @@ class GenerateStream(StreamConsumer):
             raise StreamTimeoutError(f"POST {self._url} timed out: {exc!r}") from exc
         self._response = response
         self.status = response.status
-        if response.status >= 400:
+        self._content_type = response.headers.get("Content-Type")
+        if response.status == 101:
+            raise StreamFormatError(f"{self._url} switched protocols (HTTP 101); a stream is HTTP/1.1")
+        if not 200 <= response.status < 300:  # every other final status is the server's answer
             body = await response.text(errors="replace")
+            if 300 <= response.status < 400:
+                body = body or f"redirect to {response.headers.get('Location', '')!r} not followed"
             raise ServerError(
                 f"HTTP {response.status} from {self._url}: {body[:ERROR_BODY_CHARS]}",
                 status=response.status,
@@ -128,7 +141,7 @@ class GenerateStream(StreamConsumer):
             ) from exc
         except aiohttp.ClientConnectionError:
             pass  # the connection dropped between chunks: again end of input
-        return self._accumulator.finish()
+        return self._finish()
 
     @staticmethod
     def _watch_parser(response: aiohttp.ClientResponse) -> None:

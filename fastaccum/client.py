@@ -134,8 +134,7 @@ class ClientStream(StreamConsumer):
                 continue
             break
         self._clock.end()
-        result = self._accumulator.finish()
-        return dataclasses.replace(result, timing=self.timing)
+        return dataclasses.replace(self._finish(), timing=self.timing)
 
     # ---- receivers (loop callbacks) ------------------------------------------------------------
     def _on_head(self, data: memoryview) -> None:
@@ -180,6 +179,8 @@ class ClientStream(StreamConsumer):
             return False
         if self._body.kind is Body.CHUNKED:
             self._feed_body = self._accumulator.feed_chunked
+            self._first_bytes_chunked = True
+        self._content_type = head.headers.get("content-type")
         conn.receiver = self._on_body
         if self._body.ended(False):  # 204, 304, Content-Length: 0
             self._complete()
@@ -190,6 +191,8 @@ class ClientStream(StreamConsumer):
         stamp = self._clock.read()
         self._bytes_received += len(data)
         data, extra = self._body.cut(data)
+        if not self._events:
+            self._keep_first_bytes(data)
         try:
             count = self._feed_body(data)
         except StreamError as exc:
@@ -429,7 +432,9 @@ class Client:
         except TimeoutError as exc:
             raise StreamConnectionError(f"connecting to {where} timed out after {self._connect_timeout} s") from exc
         except OSError as exc:
-            raise StreamConnectionError(f"POST {self._base} failed: connecting to {where}: {exc!r}") from exc
+            raise StreamConnectionError(
+                f"POST {self._base} failed: cannot connect to {where} ({exc.strerror or exc})"
+            ) from exc
         if self._closed:
             conn.close()
             raise RuntimeError("Client is closed")

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterable
 from typing import TYPE_CHECKING, Any
 
 from fastaccum._impl import StreamAccumulator
-from fastaccum.errors import StreamError
+from fastaccum.errors import StreamError, StreamFormatError, StreamTruncatedError
 from fastaccum.result import StreamResult
 
 if TYPE_CHECKING:
@@ -25,10 +25,40 @@ if TYPE_CHECKING:
 else:
     AccumulatorLike = Any
 
-__all__ = ("StreamConsumer", "consume", "ERROR_BODY_CHARS", "AccumulatorLike")
+__all__ = ("StreamConsumer", "consume", "not_an_event_stream", "ERROR_BODY_CHARS", "AccumulatorLike")
 
 # An HTTP error body is quoted in the exception message up to this many characters.
 ERROR_BODY_CHARS = 2000
+# A body that never held an event is described by its first bytes: this many are kept.
+FIRST_BYTES = 120
+_SSE_FIELDS = (b"data", b"event", b"id", b"retry")
+
+
+def not_an_event_stream(first_bytes: bytes, content_type: str | None = None) -> StreamFormatError | None:
+    """Why a body that ended before its first event is no event stream at all (a JSON answer, an
+    HTML error page, plain text), or None when it reads as the start of one (then it was cut).
+
+    ``content_type``: the response's, when there was one; it names the kind, else the first bytes
+    do. SGLang answers a request without ``"stream": true`` with one JSON object, and proxies and
+    gateways answer with HTML or plain text."""
+    media = (content_type or "").split(";")[0].strip().lower()
+    if media == "text/event-stream":
+        return None  # the server says it streams: the body was cut before its first event
+    text = first_bytes.removeprefix(b"\xef\xbb\xbf").lstrip(b" \t\r\n")
+    if not text:
+        return None
+    field = text.split(b"\n", 1)[0].split(b"\r", 1)[0].split(b":", 1)[0]
+    if text.startswith(b":") or field in _SSE_FIELDS:
+        return None  # SSE lines (a comment, a field): an event stream cut short
+    if media == "application/json" or media.endswith("+json") or (not media and text[:1] in (b"{", b"[")):
+        kind = 'a JSON object (is "stream": true in the payload?)' if text[:1] == b"{" else "JSON"
+    elif media in ("text/html", "application/xhtml+xml") or (not media and text[:1] == b"<"):
+        kind = "an HTML page"
+    else:
+        kind = "plain text"
+    if media:
+        kind += f", Content-Type {media}"
+    return StreamFormatError(f"the response is not an event stream: {kind}; it starts {text[:80]!r}", event_index=0)
 
 
 class StreamConsumer:
@@ -56,6 +86,9 @@ class StreamConsumer:
         self._abort_cancel_pending = False  # abort() cancelled the task; run() must uncancel once
         self._events = 0
         self._bytes_received = 0
+        self._first_bytes = b""  # of the body, kept until an event completes
+        self._first_bytes_chunked = False  # ... still in the chunked coding (fastaccum.Client)
+        self._content_type: str | None = None  # the response's, where a transport knows it
 
     @staticmethod
     def _new_accumulator(**options: Any) -> AccumulatorLike:
@@ -150,13 +183,33 @@ class StreamConsumer:
         if self._pieces is None:
             raise TypeError("StreamConsumer needs an async iterable of bytes")
         await self._feed_all(self._pieces)
-        return self._accumulator.finish()
+        return self._finish()
 
     async def _feed_all(self, pieces: AsyncIterable[bytes]) -> None:
         feed = self._accumulator.feed
         async for piece in pieces:
             self._bytes_received += len(piece)
+            self._keep_first_bytes(piece)
             self._events += feed(piece)
+
+    def _finish(self) -> StreamResult:
+        """``finish()``, except that a body which never held an event and does not read as an event
+        stream is a ``StreamFormatError`` naming what it is, not a truncation."""
+        try:
+            return self._accumulator.finish()
+        except StreamTruncatedError:
+            if not self._events:
+                first = self._first_bytes
+                if self._first_bytes_chunked:  # past the first chunk's size line
+                    first = first.partition(b"\r\n")[2]
+                error = not_an_event_stream(first, self._content_type)
+                if error is not None:
+                    raise error from None
+            raise
+
+    def _keep_first_bytes(self, piece: bytes | memoryview) -> None:
+        if not self._events and len(self._first_bytes) < FIRST_BYTES:
+            self._first_bytes += bytes(piece[: FIRST_BYTES - len(self._first_bytes)])
 
     def _feed_buffered(self) -> None:
         """Feed what the transport has already received but not yet handed over (no await)."""

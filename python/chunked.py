@@ -21,6 +21,9 @@ __all__ = ("ChunkedDecoder",)
 _CR = 0x0D
 _LF = 0x0A
 _SEMICOLON = 0x3B
+_EQUALS = 0x3D
+_QUOTE = 0x22
+_BACKSLASH = 0x5C
 _SPACE = 0x20
 _TAB = 0x09
 
@@ -28,7 +31,7 @@ _TAB = 0x09
 _SIZE_START = 0
 _SIZE = 1
 _SIZE_SPACE = 2  # whitespace after the size: only more of it, ';' or CR may follow
-_EXTENSION = 3
+_EXT_NAME_START = 3  # after ';': whitespace, then a name
 _SIZE_LF = 4
 _DATA = 5
 _DATA_CR = 6
@@ -38,6 +41,13 @@ _TRAILER = 9
 _TRAILER_LF = 10
 _END_LF = 11
 _DONE = 12
+_EXT_NAME = 13
+_EXT_AFTER_NAME = 14  # whitespace after a name: '=', ';' or CR may follow
+_EXT_VALUE_START = 15  # after '=': whitespace, then a token or a quoted string
+_EXT_TOKEN = 16
+_EXT_QUOTED = 17
+_EXT_QUOTED_PAIR = 18  # after a backslash inside the quotes
+_EXT_AFTER_VALUE = 19
 
 # Extensions and trailers are skipped, never buffered; the cap only stops a peer that never ends
 # a line from holding the stream open while sending bytes.
@@ -56,12 +66,29 @@ def _hex_value(byte: int) -> int:
     return -1
 
 
+def _is_token(byte: int) -> bool:
+    """A tchar of RFC 9110 (the characters of a token: chunk-extension names and plain values)."""
+    return (
+        0x30 <= byte <= 0x39
+        or 0x41 <= byte <= 0x5A
+        or 0x61 <= byte <= 0x7A
+        or byte in b"!#$%&'*+-.^_`|~"  # compiled: a switch, not a search
+    )
+
+
+def _is_quoted_text(byte: int) -> bool:
+    """qdtext: what a quoted string holds unescaped (no control character, quote or backslash)."""
+    return byte == _TAB or 0x20 <= byte <= 0x7E and byte != _QUOTE and byte != _BACKSLASH or byte >= 0x80
+
+
 class ChunkedDecoder:
     """Undoes ``Transfer-Encoding: chunked`` (RFC 9112, section 7.1) incrementally and hands each
     span of chunk data to the SSE framer as it arrives: chunk boundaries need not match events.
 
-    Chunk extensions and trailer fields are checked for line structure and ignored. Any byte the
-    grammar does not allow raises ``StreamFormatError``; so do bytes after the last chunk.
+    Chunk extensions (``;name``, ``;name=token`` or ``;name="quoted"``, with whitespace around
+    ``;`` and ``=``) are checked against their grammar and ignored; trailer fields are checked for
+    line structure and ignored. Any byte the grammar does not allow raises ``StreamFormatError``
+    at once; so do bytes after the last chunk.
     """
 
     def __init__(self) -> None:
@@ -101,13 +128,16 @@ class ChunkedDecoder:
             elif state == _SIZE_SPACE:
                 self._after_size(byte, framer)
                 self._count_line(framer)
-            elif state == _EXTENSION or state == _TRAILER:
+            elif state == _TRAILER:
                 if byte == _CR:
-                    self.state = _SIZE_LF if state == _EXTENSION else _TRAILER_LF
+                    self.state = _TRAILER_LF
                 elif byte == _LF:
                     raise bad_chunk(framer.events, state, byte)
                 else:
                     self._count_line(framer)
+            elif state >= _EXT_NAME or state == _EXT_NAME_START:
+                self._extension(byte, framer)
+                self._count_line(framer)
             elif state == _SIZE_LF:
                 if byte != _LF:
                     raise bad_chunk(framer.events, state, byte)
@@ -145,13 +175,56 @@ class ChunkedDecoder:
 
     def _after_size(self, byte: int, framer: Framer) -> int:
         if byte == _SEMICOLON:
-            self.state = _EXTENSION
+            self.state = _EXT_NAME_START
         elif byte == _CR:
             self.state = _SIZE_LF
         elif byte == _SPACE or byte == _TAB:
             self.state = _SIZE_SPACE
         else:
             raise bad_chunk(framer.events, self.state, byte)
+        return 0
+
+    def _extension(self, byte: int, framer: Framer) -> int:
+        """One byte of the chunk extensions (RFC 9112, section 7.1.1): ``;`` name, then optionally
+        ``=`` and a token or a quoted string, repeated; whitespace may surround ``;`` and ``=``."""
+        state = self.state
+        space = byte == _SPACE or byte == _TAB
+        if state == _EXT_QUOTED:
+            if byte == _QUOTE:
+                self.state = _EXT_AFTER_VALUE
+            elif byte == _BACKSLASH:
+                self.state = _EXT_QUOTED_PAIR
+            elif not _is_quoted_text(byte):  # a CR or LF here: the quote never closed
+                raise bad_chunk(framer.events, state, byte)
+            return 0
+        if state == _EXT_QUOTED_PAIR:
+            if not (space or 0x21 <= byte <= 0x7E or byte >= 0x80):
+                raise bad_chunk(framer.events, state, byte)
+            self.state = _EXT_QUOTED
+            return 0
+        if space:
+            if state == _EXT_NAME:
+                self.state = _EXT_AFTER_NAME
+            elif state == _EXT_TOKEN:
+                self.state = _EXT_AFTER_VALUE
+            return 0
+        if state == _EXT_NAME_START or state == _EXT_VALUE_START:
+            if _is_token(byte):
+                self.state = _EXT_NAME if state == _EXT_NAME_START else _EXT_TOKEN
+            elif byte == _QUOTE and state == _EXT_VALUE_START:
+                self.state = _EXT_QUOTED
+            else:  # a bare ';' or '=' (CR included), or a character no token holds
+                raise bad_chunk(framer.events, state, byte)
+        elif (state == _EXT_NAME or state == _EXT_TOKEN) and _is_token(byte):
+            pass
+        elif byte == _EQUALS and (state == _EXT_NAME or state == _EXT_AFTER_NAME):
+            self.state = _EXT_VALUE_START
+        elif byte == _SEMICOLON:
+            self.state = _EXT_NAME_START
+        elif byte == _CR:
+            self.state = _SIZE_LF
+        else:
+            raise bad_chunk(framer.events, state, byte)
         return 0
 
     def _count_line(self, framer: Framer) -> int:

@@ -64,7 +64,7 @@ def test_the_body_is_not_complete_before_the_last_crlf(impl: ModuleType) -> None
         (b"5 x\r\n", r"b'x' after the chunk size \(expected ';' or CRLF\)"),
         (b"5\n", r"b'\\n' in the chunk size"),
         (b"5\rx", r"b'x' after CR \(expected LF\)"),
-        (b"5;ext\n", r"b'\\n' in a chunk extension \(expected CRLF\)"),
+        (b"5;ext\n", r"b'\\n' in a chunk-extension name \(expected a token character, '=', ';' or CRLF\)"),
         (b"2\r\nabX", r"b'X' after chunk data \(expected CRLF\)"),
         (b"2\r\nab\rX", r"b'X' after CR \(expected LF\)"),
         (b"0\r\n\n", r"b'\\n' at the start of a trailer line"),
@@ -110,3 +110,56 @@ def test_feed_chunked_refuses_what_feed_refuses(impl: ModuleType) -> None:
     acc.finish()
     with pytest.raises(RuntimeError, match="feed_chunked\\(\\) called after finish\\(\\)"):
         acc.feed_chunked(b"")
+
+
+# RFC 9112, "Chunk Extensions": chunk-ext = *( BWS ";" BWS name [ BWS "=" BWS ( token / quoted-string ) ]).
+VALID_EXTENSIONS = [
+    b";a",
+    b";a=b",
+    b";name=value;flag;other=x",
+    b';a="x y"',
+    b';a="with \\"escaped\\" quotes; and \\\\"',
+    b';a=""',
+    b" ;a=b",
+    b"; a = b",
+    b";a=b ;c",
+    b";!#$%&'*+-.^_`|~09AZaz=!#$%&'*+-.^_`|~",
+    b';a="\xe9t\xe9"',  # obs-text
+]
+INVALID_EXTENSIONS = [
+    (b";", r"b'\\r' after ';' \(expected a chunk-extension name\)"),
+    (b";;a", r"b';' after ';'"),
+    (b";=v", r"b'=' after ';'"),
+    (b";a=", r"b'\\r' after '=' \(expected a token or a quoted string\)"),
+    (b";a=;b", r"b';' after '='"),
+    (b';a="x', r"b'\\r' in a quoted chunk-extension value"),
+    (b';a="x\x01"', r"b'\\x01' in a quoted chunk-extension value"),
+    (b";a b", r"b'b' after a chunk-extension name"),
+    (b";a=b c", r"b'c' after a chunk-extension value"),
+    (b';a="x"y', r"b'y' after a chunk-extension value"),
+    (b";a@b", r"b'@' in a chunk-extension name"),
+    (b";a=b@", r"b'@' in a chunk-extension value"),
+    (b";a=\x01", r"b'\\x01' after '='"),
+    (b";a\n", r"b'\\n' in a chunk-extension name"),
+]
+
+
+@pytest.mark.parametrize("extension", VALID_EXTENSIONS, ids=repr)
+def test_chunk_extensions_of_the_rfc_grammar_are_read_and_ignored(impl: ModuleType, extension: bytes) -> None:
+    for sizes in ([1 << 20], [1], [7]):
+        acc = impl.StreamAccumulator()
+        for piece in split_pieces(chunk_encode(BODY, [100] * 10, extension=extension), sizes):
+            acc.feed_chunked(piece)
+        assert acc.chunked_ended and len(acc.finish()) == 40
+
+
+@pytest.mark.parametrize(("extension", "message"), INVALID_EXTENSIONS, ids=[repr(e) for e, _ in INVALID_EXTENSIONS])
+def test_a_malformed_chunk_extension_fails_at_the_byte_that_proves_it(
+    impl: ModuleType, extension: bytes, message: str
+) -> None:
+    head = chunk_encode(BODY[: BODY.index(b"\n\n") + 2])[: -len(b"0\r\n\r\n")]  # event 0 in one chunk
+    acc = impl.StreamAccumulator()
+    acc.feed_chunked(head)
+    with pytest.raises(StreamFormatError, match=message):
+        acc.feed_chunked(b"5" + extension + b"\r\n")  # no more bytes needed to know
+    assert len(acc.snapshot()) == 1
