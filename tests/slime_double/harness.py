@@ -30,13 +30,15 @@ import torch
 from aiohttp import web
 
 import fastaccum.slime as fs
-from fastaccum.client import GenerateStream, StreamConsumer
+from fastaccum.aiohttp_stream import GenerateStream
+from fastaccum.client import DEFAULT_COALESCE_MS, ClientStream
+from fastaccum.consumer import StreamConsumer
 from fastaccum.emulator import FAULT_KEY, Emulator
 from fastaccum.errors import ServerError, StreamFormatError, StreamTruncatedError
 from fastaccum.result import StreamResult
-from fastaccum.transport import DEFAULT_COALESCE_MS, ClientStream
+from fastaccum.slime import _commit, _generate, _modules, _pools, _probe
 
-OPEN_STREAM = fs._open_stream  # the adapter's own, which Wiring wraps
+OPEN_STREAM = _pools.open_stream  # the adapter's own, which Wiring wraps
 
 DOUBLE_ROOT = str(Path(__file__).resolve().parent)
 PROMPT = "alpha beta gamma delta epsilon zeta eta theta"
@@ -84,7 +86,7 @@ def _purge_slime() -> None:
     for name in list(sys.modules):
         if name.split(".")[0] in SLIME_PACKAGES:
             del sys.modules[name]
-    fs._slime_modules = None
+    _modules.forget()
 
 
 @dataclasses.dataclass
@@ -107,7 +109,7 @@ class SlimeEnv:
     def reset(self) -> None:
         self.misc.SingletonMeta._instances.clear()
         self.misc.load_function.cache_clear()
-        fs._checked_modes.clear()
+        _probe.checked_modes.clear()
         REWARDS.clear()
 
 
@@ -215,7 +217,7 @@ class Wiring:
         return rid
 
     def open_stream(self, args: Any, settings: Any, payload: dict[str, Any], **kwargs: Any) -> StreamConsumer:
-        """``fastaccum.slime._open_stream`` with this wiring's plan applied to the request."""
+        """``fastaccum.slime._pools.open_stream`` with this wiring's plan applied to the request."""
         self.payloads.append(payload)
         self.headers.append(kwargs.get("headers"))
         plan = self.plans.get(payload["rid"], {})
@@ -240,8 +242,8 @@ def wired(env: SlimeEnv, emulator: Emulator) -> Iterator[Wiring]:
     )
     wiring = Wiring(emulator)
     patch = pytest.MonkeyPatch()
-    patch.setattr(fs, "_new_rid", wiring.rid)
-    patch.setattr(fs, "_open_stream", wiring.open_stream)
+    patch.setattr(_generate, "new_rid", wiring.rid)
+    patch.setattr(_pools, "open_stream", wiring.open_stream)
     try:
         yield wiring
     finally:
@@ -513,7 +515,7 @@ def scenario_unrelated_cancellation_propagates(env: SlimeEnv) -> None:
                 state.cancellable_tasks.discard(task)
                 task.cancel()
             else:
-                for stream in list(fs._registry().request_streams):
+                for stream in list(_pools.registry().request_streams):
                     stream.abort()
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -523,7 +525,7 @@ def scenario_unrelated_cancellation_propagates(env: SlimeEnv) -> None:
         env.run(main())
         assert sample.response_length == 0 and sample.response == ""  # nothing committed
         assert sample.status == env.Sample.Status.PENDING and sample.loss_mask is None
-        assert not fs._registries or all(not r.request_streams for r in fs._registries.values())
+        assert not _pools._registries or all(not r.request_streams for r in _pools._registries.values())
 
 
 def scenario_server_abort_commits_terminal(env: SlimeEnv, incremental: bool) -> None:
@@ -587,7 +589,7 @@ def scenario_errors_fail_closed(env: SlimeEnv) -> None:
         sample = new_sample(env)
         sample.tokens = prompt_ids()
         with pytest.raises(error):
-            fs._commit_terminal(SimpleNamespace(), sample, result, FakeTokenizer())
+            _commit.commit_terminal(SimpleNamespace(), sample, result, FakeTokenizer())
         assert sample.response_length == 0
 
 
@@ -651,9 +653,9 @@ def scenario_second_router_gets_its_own_pool(env: SlimeEnv) -> None:
             assert not task.done()  # the first router's stream ran on while the second answered
             await task
             await fs.generate(again_args, again, sampling_params(env, again_args))
-            clients = dict(fs._registry().clients)
+            clients = dict(_pools.registry().clients)
             await fs.close_session()
-            assert fs._registry().clients == {}
+            assert _pools.registry().clients == {}
             return clients
 
         clients = env.run(main())
@@ -837,7 +839,7 @@ def scenario_top_p_falls_back_to_server_abort(env: SlimeEnv) -> None:
                 state = env.rollout.GenerateState(args)
                 assert state.active_server_generations == 1 and not state.cancellable_tasks
             else:
-                assert fs._registry().server_generations == 1 and not fs._registry().request_streams
+                assert _pools.registry().server_generations == 1 and not _pools.registry().request_streams
             await fs.request_abort(args, 0)
             await task
 

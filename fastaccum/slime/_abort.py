@@ -1,0 +1,181 @@
+"""The rollout function and request-level abort: slime's ``abort`` swapped for ``request_abort``
+while a rollout runs, which stops fastaccum's streams, buffers the groups that kept a prefix and
+waits until the servers are idle."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from fastaccum.slime._generate import generate, has_in_tree_request_abort
+from fastaccum.slime._modules import modules
+from fastaccum.slime._pools import registry, session
+from fastaccum.slime._probe import CONTROL_TIMEOUT, check_server_mode
+from fastaccum.slime._settings import Settings, router_url
+
+__all__ = ("generate_rollout", "request_abort")
+
+logger = logging.getLogger("fastaccum.slime")
+
+_swap_lock = threading.Lock()
+_stock_abort: Any = None
+
+
+def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
+    """slime's rollout function with request-level abort; delegates to slime's ``generate_rollout``.
+
+    slime's module-level ``abort`` is swapped for ``request_abort`` while the rollout runs, on both
+    slime lines, and restored afterwards. Evaluation never aborts and is delegated unchanged.
+    """
+    slime = modules()
+    if evaluation:
+        return slime.rollout.generate_rollout(args, rollout_id, data_source, evaluation=True)
+    if _generate_is_fastaccum(args):
+        # Mode mismatches fail here, before the first rollout sends anything.
+        slime.async_utils.run(_check_mode_for_rollout(args))
+    with _abort_swapped(slime.rollout):
+        return slime.rollout.generate_rollout(args, rollout_id, data_source, evaluation=False)
+
+
+async def _check_mode_for_rollout(args: Any) -> None:
+    await check_server_mode(args, Settings.from_args(args), session(args))
+
+
+def _generate_is_fastaccum(args: Any) -> bool:
+    path = getattr(args, "custom_generate_function_path", None)
+    return bool(path) and modules().misc.load_function(path) is generate
+
+
+@contextlib.contextmanager
+def _abort_swapped(rollout_module: Any) -> Iterator[None]:
+    """Swap slime's module-level ``abort`` for ``request_abort`` (looked up at call time)."""
+    global _stock_abort
+    with _swap_lock:
+        previous = rollout_module.abort
+        if previous is not request_abort:
+            _stock_abort = previous
+        rollout_module.abort = request_abort
+    try:
+        yield
+    finally:
+        with _swap_lock:
+            rollout_module.abort = previous
+
+
+def _original_abort() -> Any:
+    current = modules().rollout.abort
+    return current if current is not request_abort else _stock_abort
+
+
+async def request_abort(args: Any, rollout_id: int) -> list[list[Any]]:
+    """Abort the rollout's in-flight work and return the groups to buffer for partial rollout.
+
+    When it returns, every cut stream's connection is closed and the servers are idle.
+    """
+    slime = modules()
+    path = getattr(args, "custom_generate_function_path", None)
+    if not path or getattr(slime.misc.load_function(path), "abort_mode", None) != "request":
+        # Another generate function: fastaccum cannot see its requests, slime's abort can.
+        stock: list[list[Any]] = await _original_abort()(args, rollout_id)
+        return stock
+    settings = Settings.from_args(args)
+    state = slime.rollout.GenerateState(args)
+    if has_in_tree_request_abort(state):
+        # slime cancels the request-abort calls itself (generate commits each prefix as it is
+        # cancelled) and buffers the same groups; it only does not wait for the servers, which
+        # notice a closed connection at their next write and may still be decoding.
+        server_wide = state.active_server_generations > 0
+        in_tree: list[list[Any]] = await _original_abort()(args, rollout_id)
+        if not server_wide:
+            await _wait_until_idle(args, settings)
+        return in_tree
+    assert not state.aborted, "request_abort called twice in one rollout"
+    state.aborted = True  # before the first await: generate calls starting from now stop at once
+    streams = registry()
+    for stream in list(streams.request_streams):
+        stream.abort()
+    server_wide = streams.server_generations > 0
+    if server_wide:
+        # Top-p replay (or fastaccum_abort_mode: server) is on: those streams must end with their
+        # terminal abort chunk, which only the server-wide abort produces.
+        await slime.server_control.abort_servers_until_idle(await _worker_urls(args))
+
+    groups: list[list[Any]] = []
+    count = 0
+    # Drain as slime's abort does; never cancel group tasks: siblings may be computing rewards.
+    while state.pendings:
+        done, state.pendings = await asyncio.wait(state.pendings, return_when=asyncio.FIRST_COMPLETED)
+        if not getattr(args, "partial_rollout", False):
+            continue
+        for task in done:
+            group = task.result()
+            if not _kept_a_prefix(group):
+                continue  # nothing observed: resuming would only redo finished siblings' work
+            for sample in _leaves(group):
+                if sample.response and "start_rollout_id" not in sample.metadata:
+                    sample.metadata["start_rollout_id"] = rollout_id
+            groups.append(group)
+            count += len(group)
+    if getattr(args, "partial_rollout", False):
+        logger.info("fastaccum: buffered %d partial groups (%d samples) for resume", len(groups), count)
+    if not server_wide:
+        await _wait_until_idle(args, settings)
+    return groups
+
+
+def _leaves(group: list[Any]) -> Iterator[Any]:
+    for item in group:  # a fan-out generate returns list[Sample] per task
+        if isinstance(item, list):
+            yield from item
+        else:
+            yield item
+
+
+def _kept_a_prefix(group: list[Any]) -> bool:
+    aborted = modules().Sample.Status.ABORTED
+    return any(s.status == aborted and s.response_length > 0 for s in _leaves(group))
+
+
+async def _worker_urls(args: Any) -> list[str]:
+    response = await modules().http_utils.get(f"{router_url(args)}/workers")
+    return [worker["url"] for worker in response["workers"]]
+
+
+async def _wait_until_idle(args: Any, settings: Settings) -> None:
+    """Poll the workers' loads until none runs a request; on timeout, abort server-wide.
+
+    The disconnect-driven abort is asynchronous (~2 s on SGLang 0.5.15), its propagation through
+    slime's router is unverified, and --offload-rollout must not free memory under live requests.
+    """
+    slime = modules()
+    urls = await _worker_urls(args)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settings.idle_timeout
+    busy = list(urls)
+    while busy:
+        try:
+            loads = await asyncio.gather(
+                *(
+                    asyncio.wait_for(slime.http_utils.get(f"{url}/v1/loads?include=core"), CONTROL_TIMEOUT.total)
+                    for url in busy
+                )
+            )
+        except Exception as exc:  # an unreadable load proves nothing: make sure the hard way
+            logger.warning("fastaccum: could not read server loads (%r); aborting server-wide", exc)
+            break
+        busy = [url for url, load in zip(busy, loads) if slime.server_control.num_requests_from_load(load) > 0]
+        if not busy:
+            return
+        if loop.time() >= deadline:
+            logger.warning(
+                "fastaccum: %s still busy %.1f s after request-level abort; aborting server-wide",
+                busy,
+                settings.idle_timeout,
+            )
+            break
+        await asyncio.sleep(settings.idle_poll_interval)
+    await slime.server_control.abort_servers_until_idle(busy)

@@ -1,0 +1,100 @@
+"""Committing a result onto slime's ``Sample``: once per call, the terminal result or a cut prefix."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from fastaccum.errors import ServerError, StreamFormatError
+from fastaccum.result import StreamResult
+from fastaccum.slime._modules import modules
+
+__all__ = ("commit_prefix", "commit_terminal")
+
+# The finish_reason types slime maps to a status; anything else would leave a resumed sample
+# ABORTED or a new one PENDING, so it is refused.
+_FINISH_TYPES = ("stop", "length", "abort")
+
+
+def _call_tokens(result: StreamResult) -> tuple[list[int], list[float]]:
+    tokens = result.token_ids.tolist()
+    if not tokens:
+        return [], []
+    if result.logprobs is None:
+        raise StreamFormatError(f"the stream carried {len(tokens)} tokens but no logprobs (return_logprob is set)")
+    nulls = np.flatnonzero(np.isnan(result.logprobs))
+    if nulls.size:
+        # A NaN logprob would poison off-policy correction (TIS) for the whole batch.
+        raise StreamFormatError(f"null logprob for sampled token at position {int(nulls[0])} of {len(tokens)}")
+    return tokens, result.logprobs.tolist()
+
+
+def _text(result: StreamResult, tokens: list[int], tokenizer: Any) -> str:
+    if result.text is not None:
+        return result.text
+    # --skip-tokenizer-init servers send no text: decode once, not per event.
+    return tokenizer.decode(tokens) if tokens else ""
+
+
+def _record_timing(sample: Any, result: StreamResult) -> None:
+    """One entry per generate call in ``sample.metadata["fastaccum_timing"]``, so stragglers
+    (a late first token, a long gap) show in the rollout's data; the aiohttp transport has none."""
+    if result.timing is not None:
+        sample.metadata.setdefault("fastaccum_timing", []).append(dataclasses.asdict(result.timing))
+
+
+def commit_terminal(args: Any, sample: Any, result: StreamResult, tokenizer: Any) -> None:
+    reason = result.finish_reason
+    if reason is None:  # run() returns only finished or aborted results; never commit a cut one
+        raise StreamFormatError("stream ended without a finish_reason")
+    kind = reason.get("type")
+    if kind == "abort" and reason.get("status_code") is not None:
+        # A validation failure or a server timeout, not a pause or abort: fail the rollout.
+        raise ServerError(
+            f"SGLang aborted the request with status {reason.get('status_code')}: {reason.get('message')}",
+            status=reason.get("status_code"),
+            server_message=str(reason.get("message")),
+        )
+    if kind not in _FINISH_TYPES:
+        raise StreamFormatError(f"unknown finish_reason type {kind!r}")
+    tokens, logprobs = _call_tokens(result)
+    meta = dict(result.meta_info)
+    meta["finish_reason"] = reason
+    # Decoded arrays go straight into meta_info: slime's decode_int32_meta_array takes arrays as is.
+    if result.top_p_token_ids is not None:
+        meta["top_p_token_ids"] = result.top_p_token_ids
+        meta["top_p_token_offsets"] = result.top_p_token_offsets
+    if result.routed_experts is not None:
+        meta["routed_experts"] = result.routed_experts
+    sample.append_response_tokens(
+        args,
+        tokens=tokens,
+        log_probs=logprobs,
+        trainable=True,
+        meta_info=meta,
+        text=_text(result, tokens, tokenizer),
+        update_terminal_info=True,
+    )
+    _record_timing(sample, result)
+
+
+def commit_prefix(args: Any, sample: Any, result: StreamResult, tokenizer: Any) -> None:
+    """A deliberate request-level cancel: the observed prefix, no terminal bookkeeping, ABORTED."""
+    tokens, logprobs = _call_tokens(result)
+    if tokens:
+        sample.append_response_tokens(
+            args,
+            tokens=tokens,
+            log_probs=logprobs,
+            trainable=True,
+            meta_info=None,
+            text=_text(result, tokens, tokenizer),
+            update_terminal_info=False,
+        )
+        version = result.meta_info.get("weight_version")
+        if version is not None:  # keep one entry per committed segment, as terminal commits do
+            sample.weight_versions.append(version)
+    _record_timing(sample, result)
+    sample.status = modules().Sample.Status.ABORTED
