@@ -23,7 +23,16 @@ from fastaccum.errors import ServerError, StreamFormatError
 if TYPE_CHECKING:
     from fastaccum.client import Client
 
-__all__ = ("Body", "BodyFraming", "Connection", "ResponseHead", "framing_of", "header_lines", "request_bytes")
+__all__ = (
+    "Body",
+    "BodyFraming",
+    "Connection",
+    "ResponseHead",
+    "framing_of",
+    "header_lines",
+    "request_bytes",
+    "status_error",
+)
 
 _HEAD_LIMIT_BYTES = 65536
 _ERROR_BODY_LIMIT_BYTES = 65536
@@ -133,6 +142,7 @@ class ResponseHead:
         self.url = url
         self.headers: dict[str, str] = {}  # lower-cased names; repeated fields joined with ", "
         self.status = 0
+        self.reason = ""
         self.keep_alive = False
         self.complete = False
         self.body = bytearray()  # an error response's body, up to _ERROR_BODY_LIMIT_BYTES
@@ -158,9 +168,10 @@ class ResponseHead:
             raise StreamFormatError(f"response head from {self.url} exceeds {_HEAD_LIMIT_BYTES} bytes")
         try:
             self._parser.feed_data(bytes(data[:used]))
-        except httptools.HttpParserUpgrade:
-            raise StreamFormatError(f"{self.url} answered with a protocol upgrade; Client speaks HTTP/1.1") from None
-        except httptools.HttpParserError as exc:
+        except (httptools.HttpParserUpgrade, httptools.HttpParserError) as exc:  # unrelated classes
+            # llhttp stops at a 101 (with an Upgrade field or without): another protocol follows.
+            if isinstance(exc, httptools.HttpParserUpgrade) or self._parser.get_status_code() == 101:
+                raise StreamFormatError(f"{self.url} switched protocols (HTTP 101); Client speaks HTTP/1.1") from None
             raise StreamFormatError(f"malformed response head from {self.url}: {exc}") from None
         if end < 0:
             return -1
@@ -172,21 +183,25 @@ class ResponseHead:
 
     def status_error(self) -> ServerError:
         """The error for this response's status, quoting its body (what arrived of it)."""
-        body = self.body.decode("utf-8", errors="replace")
-        if 300 <= self.status < 400:
-            body = body or f"redirect to {self.headers.get('location', '')!r} not followed"
-        return ServerError(
-            f"HTTP {self.status} from {self.url}: {body[:ERROR_BODY_CHARS]}", status=self.status, server_message=body
+        return status_error(
+            self.url,
+            self.status,
+            self.reason,
+            self.body.decode("utf-8", errors="replace"),
+            self.headers.get("location"),
         )
 
     def feed_error_body(self, data: memoryview) -> None:
         """An error response's body, read for the message; a broken one ends it."""
         try:
             self._parser.feed_data(bytes(data))
-        except httptools.HttpParserError:
+        except (httptools.HttpParserUpgrade, httptools.HttpParserError):
             self.body_complete = True  # quote what arrived
 
     # httptools callbacks
+    def on_status(self, reason: bytes) -> None:
+        self.reason += reason.decode("latin-1")
+
     def on_header(self, name: bytes, value: bytes) -> None:
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
@@ -203,6 +218,14 @@ class ResponseHead:
 
     def on_message_complete(self) -> None:
         self.body_complete = True
+
+
+def status_error(url: str, status: int, reason: str, body: str, location: str | None) -> ServerError:
+    """A final status outside 2xx as the error both transports raise: the body quoted, else the
+    redirect not followed, else the reason phrase."""
+    if not body:
+        body = f"redirect to {location!r} not followed" if location and 300 <= status < 400 else reason.strip()
+    return ServerError(f"HTTP {status} from {url}: {body[:ERROR_BODY_CHARS]}", status=status, server_message=body)
 
 
 # ---- the body's length ------------------------------------------------------------------------

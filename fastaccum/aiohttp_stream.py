@@ -26,8 +26,9 @@ from typing import Any
 import aiohttp
 from aiohttp.http_exceptions import HttpProcessingError
 
+from fastaccum._http import status_error
 from fastaccum._impl import StreamAccumulator
-from fastaccum.consumer import ERROR_BODY_CHARS, AccumulatorLike, StreamConsumer
+from fastaccum.consumer import AccumulatorLike, StreamConsumer
 from fastaccum.errors import (
     ServerError,
     StreamConnectionError,
@@ -116,13 +117,8 @@ class GenerateStream(StreamConsumer):
             raise StreamFormatError(f"{self._url} switched protocols (HTTP 101); a stream is HTTP/1.1")
         if not 200 <= response.status < 300:  # every other final status is the server's answer
             body = await response.text(errors="replace")
-            if 300 <= response.status < 400:
-                body = body or f"redirect to {response.headers.get('Location', '')!r} not followed"
-            raise ServerError(
-                f"HTTP {response.status} from {self._url}: {body[:ERROR_BODY_CHARS]}",
-                status=response.status,
-                server_message=body,
-            )
+            location = response.headers.get("Location")
+            raise status_error(self._url, response.status, response.reason or "", body, location)
         self._watch_parser(response)
         try:
             await self._feed_all(response.content.iter_any())

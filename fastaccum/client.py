@@ -201,10 +201,10 @@ class ClientStream(StreamConsumer):
         if count:
             self._events += count
             self._clock.events_read(stamp, self._accumulator.tokens)
-        if extra:
-            self._fail(StreamFormatError(f"{self._url} sent {extra} bytes after its Content-Length body"))
-        elif self._body.ended(self._accumulator.chunked_ended):
+        if self._body.ended(self._accumulator.chunked_ended):
             self._complete()
+            if extra:  # bytes after the response are not its body (RFC 9112 lets a client drop them)
+                self._after_end(data)
         elif self._pacer.should_pause(len(data), count, stamp - previous):
             conn = self._conn
             assert conn is not None and conn.transport is not None

@@ -1,18 +1,36 @@
-"""Helpers for the transport tests (test_client.py, test_transport.py): one request payload, the
-emulator's truth for a result, and waiting on a condition inside the loop."""
+"""Helpers for the transport tests (test_client.py, test_transport.py, test_http_responses.py): one
+request payload, the emulator's truth for a result, waiting on a condition inside the loop, both
+transports behind one interface, and a raw socket server for responses no real server sends."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
+import aiohttp
 import numpy as np
 
+import fastaccum
 from fastaccum import StreamResult
+from fastaccum.aiohttp_stream import STREAM_TIMEOUT, GenerateStream
 from fastaccum.emulator import Emulator
+from fastaccum.wire import WireOptions, chunk_encode, normal_event, sse, synthetic_generation
 
-__all__ = ("PROMPT", "assert_matches", "payload", "run", "wait_until")
+__all__ = (
+    "CHUNKED_HEAD",
+    "EVENTS",
+    "GEN",
+    "PROMPT",
+    "RawServer",
+    "Transport",
+    "assert_matches",
+    "chunks",
+    "payload",
+    "run",
+    "wait_until",
+)
 
 T = TypeVar("T")
 PROMPT = [101, 102, 103, 104]
@@ -57,3 +75,83 @@ def assert_matches(
             for a, b in zip(result.top_p_token_offsets[:-1], result.top_p_token_offsets[1:])
         ]
         assert rows == [list(r) for r in gen.top_p_rows or ()]
+
+
+# ---- both transports behind one interface ----------------------------------------------------
+
+Make = Callable[..., Any]  # (payload, **stream options) -> a stream with run()/abort()
+
+
+class Transport:
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    @contextlib.asynccontextmanager
+    async def open(self, url: str, **client_options: Any) -> AsyncIterator[Make]:
+        if self.kind == "aiohttp":
+            headers = client_options.get("headers")
+            connector = aiohttp.TCPConnector(limit=client_options.get("max_connections") or 0)
+            async with aiohttp.ClientSession(timeout=STREAM_TIMEOUT, connector=connector, headers=headers) as session:
+
+                def make(body: dict[str, Any], **kwargs: Any) -> GenerateStream:
+                    kwargs.pop("coalesce_ms", None)
+                    return GenerateStream(session, f"{url}{kwargs.pop('path', '/generate')}", body, **kwargs)
+
+                yield make
+        else:
+            async with fastaccum.Client(url, **client_options) as client:
+                yield client.stream
+
+
+# ---- a raw socket server for what no real server sends ----------------------------------------
+
+
+class RawServer:
+    """Answers every request with ``parts`` (bytes written in turn, ``pause`` seconds apart), then
+    holds the connection ``hold`` seconds; ``closed`` counts connections the client left first."""
+
+    def __init__(self, parts: list[bytes], *, pause: float = 0.05, hold: float = 30.0) -> None:
+        self.parts, self.pause, self.hold = parts, pause, hold
+        self.requests = 0
+        self.client_left = 0
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._server.wait_closed(), 5)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+            self.requests += 1
+            for part in self.parts:
+                writer.write(part)
+                await writer.drain()
+                await asyncio.sleep(self.pause)
+            if await asyncio.wait_for(reader.read(1), self.hold) == b"":
+                self.client_left += 1
+        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
+            self.client_left += 1
+        except asyncio.CancelledError:
+            pass
+        finally:
+            writer.close()
+
+
+GEN = synthetic_generation("raw", 10, prompt_tokens=len(PROMPT))
+EVENTS = [
+    sse(normal_event(GEN, WireOptions(incremental=True), i, i + 1, first=i == 0, terminal=i == 9)) for i in range(10)
+]
+CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def chunks(events: list[bytes]) -> bytes:
+    return b"".join(chunk_encode(e)[:-5] for e in events)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import ModuleType
 
 import pytest
+from client_helpers import Transport
 
 import fastaccum.aiohttp_stream
 import fastaccum.client
@@ -20,3 +21,9 @@ def twin(impl: ModuleType, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     for module in TRANSPORT_MODULES:
         monkeypatch.setattr(module, "StreamAccumulator", impl.StreamAccumulator)
     return impl
+
+
+@pytest.fixture(params=["aiohttp", "client"])
+def transport(request: pytest.FixtureRequest, twin: ModuleType) -> Transport:
+    """Each transport (GenerateStream on aiohttp, fastaccum.Client) on the twin under test."""
+    return Transport(request.param)

@@ -8,19 +8,16 @@ abort storm, and uvloop. No timing asserts: tests wait on conditions with genero
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import random
-from collections.abc import AsyncIterator, Callable
 from types import ModuleType
 from typing import Any
 
-import aiohttp
 import client_helpers
 import pytest
 import uvloop
 from aiohttp import web
-from client_helpers import PROMPT, assert_matches, payload, run
+from client_helpers import CHUNKED_HEAD, EVENTS, RawServer, Transport, assert_matches, chunks, payload, run
 
 import fastaccum
 from fastaccum import (
@@ -31,40 +28,10 @@ from fastaccum import (
     StreamTimeoutError,
     StreamTruncatedError,
 )
-from fastaccum.aiohttp_stream import STREAM_TIMEOUT, GenerateStream
 from fastaccum.emulator import Emulator
-from fastaccum.wire import WireOptions, chunk_encode, normal_event, sse, synthetic_generation
 
 # Abort storms and coalescing windows on a loaded 2-core machine: wait longer than test_client.py.
 wait_until = functools.partial(client_helpers.wait_until, timeout=30.0)
-
-Make = Callable[..., Any]  # (payload, **stream options) -> a stream with run()/abort()
-
-
-class Transport:
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-
-    @contextlib.asynccontextmanager
-    async def open(self, url: str, **client_options: Any) -> AsyncIterator[Make]:
-        if self.kind == "aiohttp":
-            headers = client_options.get("headers")
-            connector = aiohttp.TCPConnector(limit=client_options.get("max_connections") or 0)
-            async with aiohttp.ClientSession(timeout=STREAM_TIMEOUT, connector=connector, headers=headers) as session:
-
-                def make(body: dict[str, Any], **kwargs: Any) -> GenerateStream:
-                    kwargs.pop("coalesce_ms", None)
-                    return GenerateStream(session, f"{url}{kwargs.pop('path', '/generate')}", body, **kwargs)
-
-                yield make
-        else:
-            async with fastaccum.Client(url, **client_options) as client:
-                yield client.stream
-
-
-@pytest.fixture(params=["aiohttp", "client"])
-def transport(request: pytest.FixtureRequest, twin: ModuleType) -> Transport:
-    return Transport(request.param)
 
 
 class CountingEmulator(Emulator):
@@ -87,60 +54,6 @@ class CountingEmulator(Emulator):
 
         app.middlewares.append(record)
         return app
-
-
-# ---- a raw socket server for what no real server sends ----------------------------------------
-
-
-class RawServer:
-    """Answers every request with ``parts`` (bytes written in turn, ``pause`` seconds apart), then
-    holds the connection ``hold`` seconds; ``closed`` counts connections the client left first."""
-
-    def __init__(self, parts: list[bytes], *, pause: float = 0.05, hold: float = 30.0) -> None:
-        self.parts, self.pause, self.hold = parts, pause, hold
-        self.requests = 0
-        self.client_left = 0
-        self._server: asyncio.Server | None = None
-
-    async def __aenter__(self) -> str:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._server.wait_closed(), 5)
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-            await reader.readexactly(length)
-            self.requests += 1
-            for part in self.parts:
-                writer.write(part)
-                await writer.drain()
-                await asyncio.sleep(self.pause)
-            if await asyncio.wait_for(reader.read(1), self.hold) == b"":
-                self.client_left += 1
-        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
-            self.client_left += 1
-        except asyncio.CancelledError:
-            pass
-        finally:
-            writer.close()
-
-
-GEN = synthetic_generation("raw", 10, prompt_tokens=len(PROMPT))
-EVENTS = [
-    sse(normal_event(GEN, WireOptions(incremental=True), i, i + 1, first=i == 0, terminal=i == 9)) for i in range(10)
-]
-CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-
-
-def chunks(events: list[bytes]) -> bytes:
-    return b"".join(chunk_encode(e)[:-5] for e in events)
 
 
 # ---- tests ----------------------------------------------------------------------------------
