@@ -17,6 +17,7 @@ from fastaccum._base import AccumulatorBase
 from fastaccum._messages import broken, changed_token
 from fastaccum._policy import (
     ABSENT,
+    ARRAY_KEYS,
     ParsedEvent,
     echo_start,
     end_event,
@@ -164,8 +165,6 @@ class StreamAccumulator(AccumulatorBase):
         held = self._ids.size
         new_mode = self._mode
         listed = event.logprob_ids if event.logprob_ids is not None else event.output_ids
-        new_ids: list[int]
-        new_logprobs: list[float] | None
         if parsed.echo:
             start = echo_start(
                 index,
@@ -192,18 +191,24 @@ class StreamAccumulator(AccumulatorBase):
             if new_mode == CUMULATIVE:
                 self._check_prefix(index, listed)
                 start = held
-        new_ids = listed[start:] if listed is not None else []
-        new_logprobs = event.logprobs[start:] if event.logprobs is not None else None
+        new_ids = listed if listed is not None else []
+        new_logprobs = event.logprobs
+        if start:  # the event repeats tokens held (cumulative, or an echo): slicing copies, so only then
+            new_ids = new_ids[start:]
+            if new_logprobs is not None:
+                new_logprobs = new_logprobs[start:]
 
-        top_p, routed = self._read_arrays(
-            parsed,
-            index=index,
-            mode=new_mode,
-            held=held,
-            added=len(new_ids),
-            prompt=event.prompt_tokens,
-            completion=event.completion_tokens,
-        )
+        top_p = routed = None
+        if self._top_p_rows is not None or not ARRAY_KEYS.isdisjoint(parsed.meta):  # rare: skip the call
+            top_p, routed = self._read_arrays(
+                parsed,
+                index=index,
+                mode=new_mode,
+                held=held,
+                added=len(new_ids),
+                prompt=event.prompt_tokens,
+                completion=event.completion_tokens,
+            )
 
         # ---- commit: nothing below can fail on valid input ----
         self._ids.extend(new_ids)
