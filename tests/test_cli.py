@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import socket
 import subprocess
 import sys
@@ -9,10 +10,13 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pytest
 
-from fastaccum import IMPLEMENTATION, __version__, wire
+from fastaccum import IMPLEMENTATION, StreamResult, __version__, wire
+from fastaccum.cli import _Outcome, _verify
+from fastaccum.emulator import Emulator
 
 TIMEOUT_S = 120
 
@@ -57,6 +61,26 @@ def test_demo_abort_after_keeps_verified_prefixes_without_tqdm() -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 requests aborted" in done.stdout and "OK" in done.stdout
+
+
+def test_demo_aborted_before_any_token_verifies_the_empty_prefix() -> None:
+    # Aborted at once, no event arrives: text and logprobs are unknown (None), which is no mismatch.
+    done = fastaccum("demo", "--tokens", "100000", "--requests", "2", "--abort-after", "0", "--no-progress")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "MISMATCH" not in done.stdout and done.stdout.endswith("OK\n"), done.stdout
+
+
+def test_demo_verification_accepts_an_empty_prefix_and_still_flags_missing_logprobs() -> None:
+    truth = Emulator(incremental_streaming_output=True, stream_interval=4)
+    args = argparse.Namespace(tokens=100, routed_experts=None)
+    empty = StreamResult(mode="incremental", token_ids=np.empty(0, dtype=np.int32), aborted=True)
+    assert _verify(truth, _Outcome("demo-00000-", empty), 16, args) == []
+    expected = truth.expected("demo-00000-", 3, prompt_tokens=16)
+    silent = StreamResult(mode="incremental", token_ids=np.asarray(expected.token_ids, dtype=np.int32), aborted=True)
+    assert _verify(truth, _Outcome("demo-00000-", silent), 16, args) == [
+        "demo-00000-: logprobs differ",
+        "demo-00000-: text differs",
+    ]
 
 
 def test_replay_prints_a_summary(tmp_path: Path) -> None:
