@@ -117,8 +117,18 @@ def _add_server_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fault", type=_json_object, default=None, help='server-wide fault, e.g. \'{"kind":"stall"}\'')
 
 
+_DESCRIPTION = (
+    "Consume SGLang /generate streams with fastaccum: demo streams from an embedded SGLang emulator and "
+    "verifies every token, replay accumulates a captured SSE stream and summarizes it, emulator serves "
+    "the emulator until interrupted."
+)
+
+
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fastaccum", description=__doc__)
+    # --help is read in a terminal: plain text, not the module docstring's reST markup.
+    parser = argparse.ArgumentParser(
+        prog="fastaccum", description=_DESCRIPTION, epilog="Run 'fastaccum COMMAND --help' for its options."
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__} ({IMPLEMENTATION} core)")
     sub = parser.add_subparsers(dest="command")
 

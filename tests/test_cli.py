@@ -140,6 +140,13 @@ def test_no_command_prints_help() -> None:
     assert done.returncode == 2 and "demo" in done.stdout
 
 
+def test_help_describes_the_command_in_plain_text() -> None:
+    done = fastaccum("--help")
+    assert done.returncode == 0, done.stderr
+    description = " ".join(done.stdout.split("\n\n")[1].split())
+    assert "``" not in done.stdout and description.startswith("Consume SGLang /generate streams"), description
+
+
 def test_version_names_the_release_and_the_core() -> None:
     done = fastaccum("--version")
     assert done.returncode == 0, done.stderr
