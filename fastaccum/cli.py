@@ -99,22 +99,51 @@ def _shape(text: str) -> tuple[int, int]:
     return layers, topk
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each default worth showing: a flag's False or an absent option's None says nothing, so
+    those options say in their help what leaving them out means."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _add_server_options(p: argparse.ArgumentParser) -> None:
     # Names follow SGLang's server flags where SGLang has one.
-    p.add_argument("--incremental-streaming-output", action="store_true", help="send deltas (SGLang flag)")
-    p.add_argument("--stream-interval", type=_positive, default=1, help="tokens per event (SGLang flag)")
-    p.add_argument("--skip-tokenizer-init", action="store_true", help="no text in events (SGLang flag)")
-    p.add_argument("--enable-return-routed-experts", action="store_true", help="serve routed experts")
+    p.add_argument(
+        "--incremental-streaming-output",
+        action="store_true",
+        help="send only what is new in each event (deltas), as in SGLang",
+    )
+    p.add_argument("--stream-interval", type=_positive, default=1, help="tokens per event, as in SGLang")
+    p.add_argument("--skip-tokenizer-init", action="store_true", help="send no text in events, as in SGLang")
+    p.add_argument(
+        "--enable-return-routed-experts",
+        action="store_true",
+        help="serve routed experts when a request asks for them, as in SGLang",
+    )
     p.add_argument("--num-layers", type=_positive, default=4, help="MoE layers behind routed experts")
     p.add_argument("--topk", type=_positive, default=2, help="experts per token")
     p.add_argument("--num-experts", type=_positive, default=16, help="experts per layer")
     p.add_argument(
         "--token-rate", type=_non_negative_float, default=0.0, help="tokens/s per request; 0: as fast as read"
     )
-    p.add_argument("--max-running-requests", type=_positive, default=256, help="others queue")
-    p.add_argument("--random-seed", "--seed", dest="seed", type=int, default=0, help="token source seed")
+    p.add_argument(
+        "--max-running-requests", type=_positive, default=256, help="requests decoding at once; others queue"
+    )
+    p.add_argument(
+        "--random-seed", "--seed", dest="seed", type=int, default=0, help="token source seed: same seed, same tokens"
+    )
     p.add_argument("--version", choices=("0.5.23", "0.5.15"), default="0.5.23", help="SGLang flavour")
-    p.add_argument("--fault", type=_json_object, default=None, help='server-wide fault, e.g. \'{"kind":"stall"}\'')
+    p.add_argument(
+        "--fault",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help='a fault for every request that names none itself, e.g. \'{"kind":"stall","seconds":2}\'; '
+        "fastaccum.emulator's docstring lists the kinds (default: none)",
+    )
 
 
 _DESCRIPTION = (
@@ -127,62 +156,99 @@ _DESCRIPTION = (
 def _build_parser() -> argparse.ArgumentParser:
     # --help is read in a terminal: plain text, not the module docstring's reST markup.
     parser = argparse.ArgumentParser(
-        prog="fastaccum", description=_DESCRIPTION, epilog="Run 'fastaccum COMMAND --help' for its options."
+        prog="fastaccum",
+        description=_DESCRIPTION,
+        epilog="Run 'fastaccum COMMAND --help' for its options.",
+        formatter_class=_HelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__} ({IMPLEMENTATION} core)")
-    sub = parser.add_subparsers(dest="command")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {__version__} ({IMPLEMENTATION} core)",
+        help="print the release and the core in use (cython or python), then exit",
+    )
+    sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
 
-    demo = sub.add_parser("demo", help="stream from the embedded emulator and verify every token")
-    demo.add_argument("--tokens", type=_positive, default=50_000, help="tokens per request")
-    demo.add_argument("--requests", type=_positive, default=4)
-    demo.add_argument("--concurrency", type=_positive, default=4)
-    demo.add_argument("--mode", choices=("auto", "cumulative", "incremental"), default="auto", help="accumulator mode")
+    def command(name: str, summary: str) -> argparse.ArgumentParser:
+        return sub.add_parser(
+            name, help=summary, description=summary[0].upper() + summary[1:] + ".", formatter_class=_HelpFormatter
+        )
+
+    demo = command("demo", "stream from the embedded emulator and verify every token")
+    demo.add_argument("--tokens", type=_positive, default=50_000, help="tokens per request, sent as max_new_tokens")
+    demo.add_argument("--requests", type=_positive, default=4, help="requests to stream")
+    demo.add_argument("--concurrency", type=_positive, default=4, help="requests streaming at once")
+    demo.add_argument(
+        "--mode",
+        choices=("auto", "cumulative", "incremental"),
+        default="auto",
+        help="accumulator mode; auto reads it from the stream",
+    )
     demo.add_argument(
         "--server-mode",
         choices=("cumulative", "incremental"),
         default=None,
-        help="emulator streaming mode (default: cumulative only with --mode cumulative)",
+        help="emulator streaming mode (default: cumulative with --mode cumulative, else incremental)",
     )
     demo.add_argument(
         "--stream-interval",
         type=_positive,
         default=None,
-        help="tokens per event (default 4 incremental, 64 cumulative; 1 is the worst case)",
+        help="tokens per event (default: 4 incremental, 64 cumulative; 1 is the worst case)",
     )
     demo.add_argument(
         "--routed-experts",
         type=_shape,
         default=None,
         metavar="LxK",
-        help="request routed experts from a model with L layers, top-K",
+        help="request routed experts from a model with L layers, top-K (default: none)",
     )
     demo.add_argument(
         "--abort-after",
         type=_non_negative_float,
         default=None,
         metavar="S",
-        help="abort each request S seconds after it starts (prefix is verified)",
+        help="abort each request S seconds after it starts, and verify the prefix (default: run to the end)",
     )
     demo.add_argument("--token-rate", type=_non_negative_float, default=0.0, help="tokens/s per request; 0: unlimited")
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--seed", type=int, default=0, help="the emulator's token source seed")
     demo.add_argument(
         "--in-process",
         action="store_true",
         help="run the emulator in this process (default: a child, so CPU numbers are the client's)",
     )
-    demo.add_argument("--no-progress", action="store_true", help="no progress bar")
+    demo.add_argument("--no-progress", action="store_true", help="draw no progress bar on stderr")
     demo.set_defaults(handler=_demo)
 
-    replay = sub.add_parser("replay", help="feed a captured SSE byte stream and print what it holds")
-    replay.add_argument("file")
-    replay.add_argument("--mode", choices=("auto", "cumulative", "incremental"), default="auto")
-    replay.add_argument("--expert-shape", type=_shape, default=None, metavar="LxK")
-    replay.add_argument("--max-event-bytes", type=_bounded_int(0), default=None)
+    replay = command("replay", "feed a captured SSE byte stream and print what it holds")
+    replay.add_argument("file", metavar="FILE", help="the bytes of a /generate response body, as captured")
+    replay.add_argument(
+        "--mode",
+        choices=("auto", "cumulative", "incremental"),
+        default="auto",
+        help="accumulator mode; auto reads it from the stream",
+    )
+    replay.add_argument(
+        "--expert-shape",
+        type=_shape,
+        default=None,
+        metavar="LxK",
+        help="check routed experts against L layers, top-K and shape them (rows, L, K) (default: one flat array)",
+    )
+    replay.add_argument(
+        "--max-event-bytes",
+        type=_bounded_int(0),
+        default=None,
+        metavar="N",
+        help="refuse an event whose data exceeds N bytes (default: no limit)",
+    )
     replay.set_defaults(handler=_replay)
 
-    emulator = sub.add_parser("emulator", help="run the SGLang emulator until interrupted")
-    emulator.add_argument("--host", default="127.0.0.1")
-    emulator.add_argument("--port", type=_bounded_int(0, 65535), default=30000, help="0 picks a free port")
+    emulator = command("emulator", "run the SGLang emulator until interrupted")
+    emulator.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    emulator.add_argument(
+        "--port", type=_bounded_int(0, 65535), default=30000, help="port to listen on; 0 picks a free one"
+    )
     _add_server_options(emulator)
     emulator.set_defaults(handler=_emulator)
     return parser

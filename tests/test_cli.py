@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from fastaccum import IMPLEMENTATION, StreamResult, __version__, wire
-from fastaccum.cli import _Outcome, _verify
+from fastaccum.cli import _build_parser, _Outcome, _verify
 from fastaccum.emulator import Emulator
 
 TIMEOUT_S = 120
@@ -145,6 +145,46 @@ def test_help_describes_the_command_in_plain_text() -> None:
     assert done.returncode == 0, done.stderr
     description = " ".join(done.stdout.split("\n\n")[1].split())
     assert "``" not in done.stdout and description.startswith("Consume SGLang /generate streams"), description
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = _build_parser()
+    (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {"": parser, **sub.choices}
+
+
+def _help_entries(text: str) -> dict[str, str]:
+    """Each option's entry in --help output, keyed by its first spelling, whitespace collapsed."""
+    entries: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith("  ") and not line.startswith("   "):
+            key = line.split()[0].rstrip(",")
+            current = entries.setdefault(key, [])
+            current.append(line)
+        elif line.startswith("   ") and current is not None:
+            current.append(line)
+        else:
+            current = None
+    return {key: " ".join(" ".join(lines).split()) for key, lines in entries.items()}
+
+
+@pytest.mark.parametrize("command", ["", "demo", "replay", "emulator"])
+def test_every_option_has_help_and_shows_its_default(command: str) -> None:
+    parser = _subcommands()[command]
+    entries = _help_entries(parser.format_help())
+    shown = {a.dest for a in parser._actions if a.help != argparse.SUPPRESS}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            continue
+        if action.help == argparse.SUPPRESS:  # only an old spelling of an option that is shown
+            assert action.dest in shown, action.option_strings
+            continue
+        key = action.option_strings[0] if action.option_strings else str(action.metavar or action.dest)
+        entry = entries[key]
+        assert action.help and action.help.split()[0] in entry, f"{key} has no help: {entry!r}"
+        if action.default not in (None, False, argparse.SUPPRESS):
+            assert f"(default: {action.default})" in entry, f"{key} hides its default: {entry!r}"
 
 
 def test_version_names_the_release_and_the_core() -> None:
