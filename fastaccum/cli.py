@@ -109,6 +109,27 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+_SGLANG_VERSIONS = ("0.5.23", "0.5.15")
+
+
+class _Renamed(argparse.Action):
+    """An option's old spelling: stores like the new one and says on stderr to use that."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, *, new: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        print(f"{parser.prog}: warning: {option_string} is deprecated, use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 def _add_server_options(p: argparse.ArgumentParser) -> None:
     # Names follow SGLang's server flags where SGLang has one.
     p.add_argument(
@@ -135,7 +156,22 @@ def _add_server_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--random-seed", "--seed", dest="seed", type=int, default=0, help="token source seed: same seed, same tokens"
     )
-    p.add_argument("--version", choices=("0.5.23", "0.5.15"), default="0.5.23", help="SGLang flavour")
+    p.add_argument(
+        "--sglang-version",
+        choices=_SGLANG_VERSIONS,
+        default=_SGLANG_VERSIONS[0],
+        help="the SGLang release whose stream-interval rule and abort echo to follow",
+    )
+    # The old spelling read like the command's own --version; scripts that use it keep working.
+    p.add_argument(
+        "--version",
+        dest="sglang_version",
+        choices=_SGLANG_VERSIONS,
+        default=argparse.SUPPRESS,
+        action=_Renamed,
+        help=argparse.SUPPRESS,
+        new="--sglang-version",
+    )
     p.add_argument(
         "--fault",
         type=_json_object,
@@ -269,7 +305,7 @@ def _emulator_from(args: argparse.Namespace, **overrides: Any) -> Any:
         token_rate=args.token_rate or None,
         max_running_requests=args.max_running_requests,
         seed=args.seed,
-        version=args.version,
+        version=args.sglang_version,
         fault=args.fault,
     )
     options.update(overrides)
@@ -390,7 +426,7 @@ async def _demo_async(args: argparse.Namespace) -> int:
         token_rate=args.token_rate,
         max_running_requests=args.concurrency,
         seed=args.seed,
-        version="0.5.23",
+        sglang_version=_SGLANG_VERSIONS[0],
         fault=None,
     )
     truth = _emulator_from(server_args)  # never started: expected() is a pure function

@@ -118,6 +118,8 @@ def test_emulator_command_serves_until_terminated() -> None:
             "--incremental-streaming-output",
             "--stream-interval",
             "4",
+            "--sglang-version",
+            "0.5.15",
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -130,6 +132,7 @@ def test_emulator_command_serves_until_terminated() -> None:
         with urllib.request.urlopen(f"{url}/server_info", timeout=10) as resp:
             info = orjson.loads(resp.read())
         assert info["incremental_streaming_output"] is True and info["stream_interval"] == 4
+        assert info["version"] == "0.5.15"
     finally:
         child.terminate()
         child.wait(timeout=10)
@@ -187,6 +190,20 @@ def test_every_option_has_help_and_shows_its_default(command: str) -> None:
             assert f"(default: {action.default})" in entry, f"{key} hides its default: {entry!r}"
 
 
+def test_emulator_sglang_version_selects_the_flavour_and_leaves_version_to_the_command(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    parser = _build_parser()
+    assert parser.parse_args(["emulator", "--sglang-version", "0.5.15"]).sglang_version == "0.5.15"
+    assert parser.parse_args(["emulator"]).sglang_version == "0.5.23"
+    assert capsys.readouterr().err == ""
+    # the old spelling still works, says it is deprecated, and is no longer offered
+    assert parser.parse_args(["emulator", "--version", "0.5.15"]).sglang_version == "0.5.15"
+    assert "--version is deprecated" in capsys.readouterr().err
+    usage = _subcommands()["emulator"].format_help()
+    assert "--sglang-version" in usage and " --version" not in usage and "[--version" not in usage
+
+
 def test_version_names_the_release_and_the_core() -> None:
     done = fastaccum("--version")
     assert done.returncode == 0, done.stderr
@@ -213,7 +230,8 @@ MISUSE = {
     "port-out-of-range": (["emulator", "--port", "70000"], 2, "from 0 to 65535"),
     "zero-stream-interval": (["emulator", "--stream-interval", "0"], 2, "--stream-interval"),
     "negative-token-rate": (["emulator", "--token-rate", "-1"], 2, "--token-rate"),
-    "unknown-version": (["emulator", "--version", "0.4"], 2, "invalid choice"),
+    "unknown-sglang-version": (["emulator", "--sglang-version", "0.4"], 2, "invalid choice"),
+    "unknown-version-old-spelling": (["emulator", "--version", "0.4"], 2, "invalid choice"),
     "replay-missing-file": (["replay", "/nonexistent/stream.sse"], 1, "cannot read /nonexistent/stream.sse"),
     "replay-directory": (["replay", "/"], 1, "cannot read /"),
     "bad-expert-shape": (["replay", "x.sse", "--expert-shape", "3x2x1"], 2, "LAYERSxTOPK"),
