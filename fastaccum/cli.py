@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -11,7 +12,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 import numpy as np
 
@@ -257,7 +258,9 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler=_demo)
 
     replay = command("replay", "feed a captured SSE byte stream and print what it holds")
-    replay.add_argument("file", metavar="FILE", help="the bytes of a /generate response body, as captured")
+    replay.add_argument(
+        "file", metavar="FILE", help="the bytes of a /generate response body, as captured; - reads stdin"
+    )
     replay.add_argument(
         "--mode",
         choices=("auto", "cumulative", "incremental"),
@@ -347,10 +350,11 @@ def _replay(args: argparse.Namespace) -> int:
         )
     except (ValueError, OverflowError) as exc:  # argparse checked each option; their product may not fit
         raise CommandError(str(exc), status=2) from None
+    name = "<stdin>" if args.file == "-" else args.file
     size = 0
     started = time.perf_counter()
     try:
-        with open(args.file, "rb") as f:
+        with _open_input(args.file) as f:
             while piece := f.read(_REPLAY_PIECE_BYTES):
                 size += len(piece)
                 accumulator.feed(piece)
@@ -365,12 +369,23 @@ def _replay(args: argparse.Namespace) -> int:
             pass
         return 1
     except OSError as exc:
-        raise CommandError(f"cannot read {args.file}: {exc.strerror or exc}") from None
+        raise CommandError(f"cannot read {name}: {exc.strerror or exc}") from None
     elapsed = time.perf_counter() - started
-    print(f"file:          {args.file} ({size / 1e6:.2f} MB, accumulated in {elapsed:.3f} s)")
+    print(f"file:          {name} ({size / 1e6:.2f} MB, accumulated in {elapsed:.3f} s)")
     for line in _describe(result):
         print(line)
     return 0
+
+
+def _open_input(path: str) -> contextlib.AbstractContextManager[BinaryIO]:
+    if path != "-":
+        return open(path, "rb")
+    if sys.stdin is None:  # started with stdin closed
+        raise CommandError("cannot read <stdin>: it is closed", status=2)
+    if sys.stdin.isatty():  # someone typing, or waiting on a forgotten pipe: say how to end
+        print("reading the stream from the terminal; end it with Ctrl-D", file=sys.stderr)
+    # The caller's with-block must not close the process's stdin.
+    return contextlib.nullcontext(sys.stdin.buffer)
 
 
 def _describe(result: Any) -> list[str]:

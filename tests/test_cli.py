@@ -93,6 +93,20 @@ def test_replay_prints_a_summary(tmp_path: Path) -> None:
     assert "tokens:        50" in done.stdout and "routed:        (65, 3, 2) int32" in done.stdout
 
 
+def test_replay_dash_reads_the_stream_from_stdin() -> None:
+    gen = wire.synthetic_generation("rep-3", 40, expert_shape=(3, 2))
+    body = wire.stream_bytes(wire.stream_events(gen, wire.WireOptions(incremental=True), interval=4))
+    done = subprocess.run(
+        [sys.executable, "-P", "-m", "fastaccum", "replay", "-", "--expert-shape", "3x2"],
+        input=body,
+        capture_output=True,
+        timeout=TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert b"tokens:        40" in done.stdout and b"routed:        (55, 3, 2) int32" in done.stdout
+    assert b"<stdin>" in done.stdout
+
+
 def test_replay_reports_the_typed_error_and_event_index(tmp_path: Path) -> None:
     gen = wire.synthetic_generation("rep-2", 30)
     body = wire.stream_bytes(wire.stream_events(gen, wire.WireOptions()), done=False)
