@@ -90,6 +90,12 @@ def _json_object(text: str) -> dict[str, Any]:
 _positive = _bounded_int(1)
 
 
+def _event_limit(text: str) -> int | None:
+    # The core's "no cap" is None, which a command line cannot spell; 0 is how the CLI says it, as
+    # --token-rate 0 says "unlimited". A literal cap of 0 would refuse every event with data.
+    return _bounded_int(0)(text) or None
+
+
 def _shape(text: str) -> tuple[int, int]:
     try:
         layers, topk = (int(x) for x in text.lower().split("x"))
@@ -276,10 +282,10 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     replay.add_argument(
         "--max-event-bytes",
-        type=_bounded_int(0),
+        type=_event_limit,
         default=None,
         metavar="N",
-        help="refuse an event whose data exceeds N bytes (default: no limit)",
+        help="refuse an event whose data exceeds N bytes; 0: no limit (default: no limit)",
     )
     replay.set_defaults(handler=_replay)
 

@@ -107,6 +107,18 @@ def test_replay_dash_reads_the_stream_from_stdin() -> None:
     assert b"<stdin>" in done.stdout
 
 
+def test_replay_max_event_bytes_zero_means_no_limit(tmp_path: Path) -> None:
+    gen = wire.synthetic_generation("rep-4", 20)
+    path = tmp_path / "stream.sse"
+    path.write_bytes(wire.stream_bytes(wire.stream_events(gen, wire.WireOptions(incremental=True), interval=4)))
+    unlimited = fastaccum("replay", str(path), "--max-event-bytes", "0")
+    assert unlimited.returncode == 0, unlimited.stdout + unlimited.stderr
+    assert "tokens:        20" in unlimited.stdout
+    limited = fastaccum("replay", str(path), "--max-event-bytes", "10")
+    assert limited.returncode == 1 and "StreamLimitError" in limited.stdout, limited.stdout
+    assert "0: no limit" in _help_entries(_subcommands()["replay"].format_help())["--max-event-bytes"]
+
+
 def test_replay_reports_the_typed_error_and_event_index(tmp_path: Path) -> None:
     gen = wire.synthetic_generation("rep-2", 30)
     body = wire.stream_bytes(wire.stream_events(gen, wire.WireOptions()), done=False)
