@@ -365,9 +365,8 @@ def _replay(args: argparse.Namespace) -> int:
                 size += len(piece)
                 accumulator.feed(piece)
         result = accumulator.finish()
-    except StreamError as exc:
-        where = f" at event {exc.event_index}" if exc.event_index is not None else ""
-        print(f"error: {type(exc).__name__}{where}: {exc}")
+    except StreamError as exc:  # the core's messages name the event themselves
+        print(f"error: {type(exc).__name__}: {exc}")
         try:
             prefix = accumulator.snapshot()
             print(f"prefix: {len(prefix)} tokens in {prefix.events} events (mode {prefix.mode})")

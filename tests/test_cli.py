@@ -126,9 +126,18 @@ def test_replay_reports_the_typed_error_and_event_index(tmp_path: Path) -> None:
     path.write_bytes(body[: len(body) - 40])
     done = fastaccum("replay", str(path))
     assert done.returncode == 1
-    assert done.stdout.startswith("error: StreamTruncatedError at event 29:"), done.stdout
+    assert done.stdout.startswith("error: StreamTruncatedError: event 29:"), done.stdout
     missing = fastaccum("replay", str(tmp_path / "nope.sse"))
     assert missing.returncode == 1 and "cannot read" in missing.stderr
+
+
+def test_replay_error_names_the_event_once(tmp_path: Path) -> None:
+    path = tmp_path / "bad.sse"
+    path.write_bytes(b"data: {not json\n\n")
+    done = fastaccum("replay", str(path))
+    assert done.returncode == 1
+    first = done.stdout.splitlines()[0]
+    assert first.startswith("error: StreamFormatError: event 0: ") and first.count("event 0") == 1, first
 
 
 def test_emulator_command_serves_until_terminated() -> None:
