@@ -525,11 +525,11 @@ async def _demo_async(args: argparse.Namespace) -> int:
     )
     print(f"events:        {events:,}")
     print(f"on the wire:   {wire_mb:,.1f} MB")
-    print(f"wall time:     {wall:.2f} s ({tokens / max(wall, 1e-9):,.0f} tokens/s)")
-    print(
-        f"client CPU:    {cpu:.2f} s ({cpu / max(tokens, 1) * 1e6:.2f} us/token"
-        + (", emulator included)" if args.in_process else ")")
-    )
+    # A run aborted before its first token has no per-token figures: any number would be noise.
+    rate = f" ({tokens / max(wall, 1e-9):,.0f} tokens/s)" if tokens else ""
+    per_token = f"{cpu / tokens * 1e6:.2f} us/token" if tokens else "no token arrived"
+    print(f"wall time:     {wall:.2f} s{rate}")
+    print(f"client CPU:    {cpu:.2f} s ({per_token}" + (", emulator included)" if args.in_process else ")"))
     for line in failures[:20]:
         print(f"MISMATCH {line}")
     if failures:

@@ -70,6 +70,15 @@ def test_demo_aborted_before_any_token_verifies_the_empty_prefix() -> None:
     assert "MISMATCH" not in done.stdout and done.stdout.endswith("OK\n"), done.stdout
 
 
+def test_demo_without_a_token_prints_no_per_token_figures() -> None:
+    # Aborted when it starts: the request is cancelled before its first byte can arrive.
+    done = fastaccum("demo", "--tokens", "1000", "--requests", "2", "--abort-after", "0", "--no-progress")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "tokens:        0 verified" in done.stdout, done.stdout
+    assert "/token" not in done.stdout and "tokens/s" not in done.stdout, done.stdout
+    assert "no token arrived" in done.stdout, done.stdout
+
+
 def test_demo_verification_accepts_an_empty_prefix_and_still_flags_missing_logprobs() -> None:
     truth = Emulator(incremental_streaming_output=True, stream_interval=4)
     args = argparse.Namespace(tokens=100, routed_experts=None)
