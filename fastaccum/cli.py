@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -461,7 +462,7 @@ async def _demo_async(args: argparse.Namespace) -> int:
         embedded = truth
         url = await embedded.start()
     else:
-        child, url = _spawn_emulator(server_args)
+        child, url = await _spawn_emulator(server_args)
     prompt = list(range(1, 17))
     streams: list[GenerateStream] = []
     outcomes: list[_Outcome] = []
@@ -507,8 +508,7 @@ async def _demo_async(args: argparse.Namespace) -> int:
         if embedded is not None:
             await embedded.stop()
         if child is not None:
-            child.terminate()
-            child.wait(timeout=10)
+            _stop(child)
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     progress.close(sum(s.tokens for s in streams))
 
@@ -539,7 +539,7 @@ async def _demo_async(args: argparse.Namespace) -> int:
     return 0
 
 
-def _spawn_emulator(server_args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
+async def _spawn_emulator(server_args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
     # -P: run from a source checkout, "-m" would otherwise import the checkout's fastaccum/ (which
     # holds no compiled core) instead of the installed package.
     command = [
@@ -569,14 +569,43 @@ def _spawn_emulator(server_args: argparse.Namespace) -> tuple[subprocess.Popen[s
         command.append("--incremental-streaming-output")
     if server_args.enable_return_routed_experts:
         command.append("--enable-return-routed-experts")
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    # A terminal's Ctrl-C signals the whole process group. The demo stops its child itself, so the
+    # child starts with SIGINT blocked (the mask survives exec): interrupted while importing, it
+    # would print a traceback, and the demo would take its death for a failure to start.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        child = subprocess.Popen(
+            command, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     assert child.stdout is not None
-    line = child.stdout.readline()
+    try:
+        # In a thread, so that Ctrl-C (which cancels this task) need not wait for the child.
+        line = await asyncio.to_thread(child.stdout.readline)
+    except BaseException:
+        _stop(child)
+        raise
     if not line.startswith(_ANNOUNCE):
-        child.kill()
-        child.wait()
-        raise CommandError(f"the emulator child did not start (it said {line.strip()!r})")
+        status = _stop(child)
+        said = f"it said {line.strip()!r}" if line else "its error, if any, is above"
+        raise CommandError(f"the emulator child did not start ({_ended(status)}; {said})")
     return child, line[len(_ANNOUNCE) :].strip()
+
+
+def _stop(child: subprocess.Popen[str]) -> int:
+    child.terminate()
+    try:
+        return child.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        return child.wait()
+
+
+def _ended(status: int) -> str:
+    if status < 0:
+        return f"killed by {signal.Signals(-status).name}"
+    return f"exit status {status}"
 
 
 def _verify(truth: Any, outcome: _Outcome, prompt_tokens: int, args: argparse.Namespace) -> list[str]:

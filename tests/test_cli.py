@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +37,53 @@ def test_demo_verifies_every_token() -> None:
     done = fastaccum("demo", "--tokens", "3000", "--requests", "3", "--concurrency", "2", "--no-progress")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "9,000 verified" in done.stdout and "us/token" in done.stdout and done.stdout.endswith("OK\n")
+
+
+def _wait_for_a_child_of(pid: int) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:  # gone meanwhile
+                continue
+            if int(fields[1]) == pid:
+                return
+        time.sleep(0.005)
+    raise AssertionError(f"process {pid} started no child")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the child in /proc")
+def test_ctrl_c_while_the_demo_starts_its_emulator_ends_quietly_with_no_process_left() -> None:
+    # Started as from a shell: its own process group, which a terminal's Ctrl-C signals as a whole.
+    demo = subprocess.Popen(
+        [sys.executable, "-P", "-m", "fastaccum", "demo", "--tokens", "10000000", "--token-rate", "1000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert demo.stdout is not None
+        assert demo.stdout.readline().startswith("fastaccum demo: ")  # printed just before the child starts
+        _wait_for_a_child_of(demo.pid)  # the emulator, still importing: it takes a few hundred ms
+        os.killpg(demo.pid, signal.SIGINT)
+        out, err = demo.communicate(timeout=TIMEOUT_S)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert demo.returncode == 130, out + err
+    assert "Traceback" not in err and "error" not in err, err
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the emulator child goes with the demo
+        try:
+            os.killpg(demo.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        os.killpg(demo.pid, signal.SIGKILL)
+        raise AssertionError("the emulator child outlived the demo")
 
 
 def test_demo_cumulative_with_routed_experts_in_process() -> None:
