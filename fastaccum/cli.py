@@ -499,6 +499,7 @@ async def _demo_async(args: argparse.Namespace) -> int:
                     timer.cancel()
 
     cpu0, wall0 = time.process_time(), time.perf_counter()
+    died: int | None = None
     try:
         async with aiohttp.ClientSession(timeout=STREAM_TIMEOUT) as session:
             ticker = asyncio.create_task(progress.follow(streams))
@@ -508,7 +509,21 @@ async def _demo_async(args: argparse.Namespace) -> int:
         if embedded is not None:
             await embedded.stop()
         if child is not None:
+            # A child that died (a crash, the OOM killer) cut every stream, and its death is the news,
+            # not the cut streams. Its sockets close just before its exit status can be read.
+            if any(o.error is not None for o in outcomes):
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(timeout=1)
+                died = child.poll()
             _stop(child)
+    if died is not None:
+        progress.close(sum(s.tokens for s in streams))
+        hint = (
+            ": out of memory? It computes each request's tokens up front; try fewer --tokens"
+            if died == -signal.SIGKILL
+            else ""
+        )
+        raise CommandError(f"the emulator child died during the run ({_ended(died)}){hint}")
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     progress.close(sum(s.tokens for s in streams))
 

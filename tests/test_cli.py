@@ -39,7 +39,7 @@ def test_demo_verifies_every_token() -> None:
     assert "9,000 verified" in done.stdout and "us/token" in done.stdout and done.stdout.endswith("OK\n")
 
 
-def _wait_for_a_child_of(pid: int) -> None:
+def _wait_for_a_child_of(pid: int) -> int:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -48,7 +48,7 @@ def _wait_for_a_child_of(pid: int) -> None:
             except OSError:  # gone meanwhile
                 continue
             if int(fields[1]) == pid:
-                return
+                return int(stat.parent.name)
         time.sleep(0.005)
     raise AssertionError(f"process {pid} started no child")
 
@@ -84,6 +84,38 @@ def test_ctrl_c_while_the_demo_starts_its_emulator_ends_quietly_with_no_process_
     else:
         os.killpg(demo.pid, signal.SIGKILL)
         raise AssertionError("the emulator child outlived the demo")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the child in /proc")
+def test_demo_whose_emulator_dies_says_so_instead_of_reporting_mismatches() -> None:
+    demo = subprocess.Popen(
+        [
+            sys.executable,
+            "-P",
+            "-m",
+            "fastaccum",
+            "demo",
+            "--tokens",
+            "100000",
+            "--token-rate",
+            "1000",
+            "--no-progress",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        child = _wait_for_a_child_of(demo.pid)
+        time.sleep(2)  # streaming by now (a slow start is reported the same way)
+        os.kill(child, signal.SIGKILL)  # as the kernel's OOM killer would
+        out, err = demo.communicate(timeout=TIMEOUT_S)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert demo.returncode == 1 and "MISMATCH" not in out, out + err
+    assert err.startswith("fastaccum demo: error: the emulator child ") and "killed by SIGKILL" in err, err
+    assert err.count("\n") == 1, err
 
 
 def test_demo_cumulative_with_routed_experts_in_process() -> None:
