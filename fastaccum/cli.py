@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -91,6 +92,13 @@ def _json_object(text: str) -> dict[str, Any]:
 _positive = _bounded_int(1)
 
 
+def _token_rate(text: str) -> float:
+    value = _non_negative_float(text)
+    if math.isinf(value):  # the emulator paces by multiplying by the rate; unlimited is spelled 0
+        raise argparse.ArgumentTypeError(f"expected a finite number (0: unlimited), got {text}")
+    return value
+
+
 def _event_limit(text: str) -> int | None:
     # The core's "no cap" is None, which a command line cannot spell; 0 is how the CLI says it, as
     # --token-rate 0 says "unlimited". A literal cap of 0 would refuse every event with data.
@@ -155,9 +163,7 @@ def _add_server_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-layers", type=_positive, default=4, help="MoE layers behind routed experts")
     p.add_argument("--topk", type=_positive, default=2, help="experts per token")
     p.add_argument("--num-experts", type=_positive, default=16, help="experts per layer")
-    p.add_argument(
-        "--token-rate", type=_non_negative_float, default=0.0, help="tokens/s per request; 0: as fast as read"
-    )
+    p.add_argument("--token-rate", type=_token_rate, default=0.0, help="tokens/s per request; 0: as fast as read")
     p.add_argument(
         "--max-running-requests", type=_positive, default=256, help="requests decoding at once; others queue"
     )
@@ -254,7 +260,7 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="abort each request S seconds after it starts, and verify the prefix (default: run to the end)",
     )
-    demo.add_argument("--token-rate", type=_non_negative_float, default=0.0, help="tokens/s per request; 0: unlimited")
+    demo.add_argument("--token-rate", type=_token_rate, default=0.0, help="tokens/s per request; 0: unlimited")
     demo.add_argument("--seed", type=int, default=0, help="the emulator's token source seed")
     demo.add_argument(
         "--in-process",

@@ -356,6 +356,8 @@ MISUSE = {
     "port-out-of-range": (["emulator", "--port", "70000"], 2, "from 0 to 65535"),
     "zero-stream-interval": (["emulator", "--stream-interval", "0"], 2, "--stream-interval"),
     "negative-token-rate": (["emulator", "--token-rate", "-1"], 2, "--token-rate"),
+    "infinite-token-rate": (["emulator", "--token-rate", "inf"], 2, "--token-rate"),
+    "infinite-demo-token-rate": (["demo", "--token-rate", "inf"], 2, "--token-rate"),
     "unknown-sglang-version": (["emulator", "--sglang-version", "0.4"], 2, "invalid choice"),
     "unknown-version-old-spelling": (["emulator", "--version", "0.4"], 2, "invalid choice"),
     "replay-missing-file": (["replay", "/nonexistent/stream.sse"], 1, "cannot read /nonexistent/stream.sse"),
