@@ -43,7 +43,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.handler(args))
+        status = int(args.handler(args))
+        sys.stdout.flush()  # a reader that left shows here, not in the interpreter's last flush
+        return status
+    except BrokenPipeError:
+        # Whoever read the output left (`fastaccum replay x.sse | head -1`): stop as quietly as a
+        # command that SIGPIPE ended, with stdout on /dev/null so that the last flush cannot fail.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except CommandError as exc:
         print(f"fastaccum {args.command}: error: {exc}", file=sys.stderr)
         return exc.status
@@ -346,6 +353,8 @@ def _emulator(args: argparse.Namespace) -> int:
         asyncio.run(serve())
     except KeyboardInterrupt:
         pass
+    except BrokenPipeError:  # the announcement found no reader: not a listening problem
+        raise
     except OSError as exc:  # address in use, a host that does not resolve, no permission
         # asyncio folds the address into strerror; the errno's own text reads better after ours.
         reason = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else exc.strerror or str(exc)

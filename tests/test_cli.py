@@ -264,6 +264,28 @@ def test_emulator_command_serves_until_terminated() -> None:
         child.wait(timeout=10)
 
 
+@pytest.mark.parametrize(
+    "arguments",
+    [["replay", "STREAM"], ["demo", "--tokens", "100", "--no-progress"], ["emulator", "--port", "0"]],
+    ids=["replay", "demo", "emulator"],
+)
+def test_output_into_a_closed_pipe_ends_quietly(arguments: list[str], tmp_path: Path) -> None:
+    # As in `fastaccum replay x.sse | head -1`: the reader is gone before the command writes.
+    stream = tmp_path / "stream.sse"
+    stream.write_bytes(wire.stream_bytes(wire.stream_events(wire.synthetic_generation("pipe", 20), wire.WireOptions())))
+    command = [sys.executable, "-P", "-m", "fastaccum", *(str(stream) if a == "STREAM" else a for a in arguments)]
+    done = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert done.stdout is not None and done.stderr is not None
+    done.stdout.close()
+    try:
+        err = done.stderr.read()
+        done.wait(timeout=TIMEOUT_S)
+    finally:
+        if done.poll() is None:
+            done.kill()
+    assert done.returncode == 141 and err == "", err  # 141: what a shell reports for SIGPIPE
+
+
 def test_no_command_prints_help() -> None:
     done = fastaccum()
     assert done.returncode == 2 and "demo" in done.stdout
