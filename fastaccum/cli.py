@@ -127,87 +127,55 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     those options say in their help what leaving them out means."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None or action.default is False:
-            return action.help
-        return super()._get_help_string(action)
-
-
-_SGLANG_VERSIONS = ("0.5.23", "0.5.15")
+        hidden = action.default is None or action.default is False  # `in (None, False)` would catch 0
+        return action.help if hidden else super()._get_help_string(action)
 
 
 class _Renamed(argparse.Action):
-    """An option's old spelling: stores like the new one and says on stderr to use that."""
+    """An option's old spelling: hidden from --help, stores like the new one, says on stderr to use that."""
 
     def __init__(self, option_strings: Sequence[str], dest: str, *, new: str, **kwargs: Any) -> None:
-        super().__init__(option_strings, dest, **kwargs)
+        super().__init__(option_strings, dest, **{**kwargs, "default": argparse.SUPPRESS, "help": argparse.SUPPRESS})
         self.new = new
 
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        print(f"{parser.prog}: warning: {option_string} is deprecated, use {self.new}", file=sys.stderr)
-        setattr(namespace, self.dest, values)
+    def __call__(self, parser: argparse.ArgumentParser, ns: argparse.Namespace, values: Any, flag: Any = None) -> None:
+        print(f"{parser.prog}: warning: {flag} is deprecated, use {self.new}", file=sys.stderr)
+        setattr(ns, self.dest, values)
 
 
-def _add_server_options(p: argparse.ArgumentParser) -> None:
-    # Names follow SGLang's server flags where SGLang has one.
-    p.add_argument(
-        "--incremental-streaming-output",
-        action="store_true",
-        help="send only what is new in each event (deltas), as in SGLang",
-    )
-    p.add_argument("--stream-interval", type=_positive, default=1, help="tokens per event, as in SGLang")
-    p.add_argument("--skip-tokenizer-init", action="store_true", help="send no text in events, as in SGLang")
-    p.add_argument(
-        "--enable-return-routed-experts",
-        action="store_true",
-        help="serve routed experts when a request asks for them, as in SGLang",
-    )
-    p.add_argument("--num-layers", type=_positive, default=4, help="MoE layers behind routed experts")
-    p.add_argument("--topk", type=_positive, default=2, help="experts per token")
-    p.add_argument("--num-experts", type=_positive, default=16, help="experts per layer")
-    p.add_argument("--token-rate", type=_token_rate, default=0.0, help="tokens/s per request; 0: as fast as read")
-    p.add_argument(
-        "--max-running-requests", type=_positive, default=256, help="requests decoding at once; others queue"
-    )
-    p.add_argument(
-        "--random-seed", "--seed", dest="seed", type=int, default=0, help="token source seed: same seed, same tokens"
-    )
-    p.add_argument(
-        "--sglang-version",
-        choices=_SGLANG_VERSIONS,
-        default=_SGLANG_VERSIONS[0],
-        help="the SGLang release whose stream-interval rule and abort echo to follow",
-    )
-    # The old spelling read like the command's own --version; scripts that use it keep working.
-    p.add_argument(
-        "--version",
-        dest="sglang_version",
-        choices=_SGLANG_VERSIONS,
-        default=argparse.SUPPRESS,
-        action=_Renamed,
-        help=argparse.SUPPRESS,
-        new="--sglang-version",
-    )
-    p.add_argument(
-        "--fault",
-        type=_json_object,
-        default=None,
-        metavar="JSON",
-        help='a fault for every request that names none itself, e.g. \'{"kind":"stall","seconds":2}\'; '
-        "fastaccum.emulator's docstring lists the kinds (default: none)",
-    )
-
-
+_MODES = ("auto", "cumulative", "incremental")
+_SGLANG_VERSIONS = ("0.5.23", "0.5.15")
 _DESCRIPTION = (
     "Consume SGLang /generate streams with fastaccum: demo streams from an embedded SGLang emulator and "
     "verifies every token, replay accumulates a captured SSE stream and summarizes it, emulator serves "
     "the emulator until interrupted."
 )
+
+
+def _add_server_options(p: argparse.ArgumentParser) -> None:
+    # Names follow SGLang's server flags where SGLang has one.
+    add = p.add_argument
+    add("--incremental-streaming-output", action="store_true", help="send only each event's new tokens, as in SGLang")
+    add("--stream-interval", type=_positive, default=1, help="tokens per event, as in SGLang")
+    add("--skip-tokenizer-init", action="store_true", help="send no text in events, as in SGLang")
+    add("--enable-return-routed-experts", action="store_true", help="serve routed experts on request, as in SGLang")
+    add("--num-layers", type=_positive, default=4, help="MoE layers behind routed experts")
+    add("--topk", type=_positive, default=2, help="experts per token")
+    add("--num-experts", type=_positive, default=16, help="experts per layer")
+    add("--token-rate", type=_token_rate, default=0.0, help="tokens/s per request; 0: as fast as read")
+    add("--max-running-requests", type=_positive, default=256, help="requests decoding at once; others queue")
+    add("--random-seed", "--seed", dest="seed", type=int, default=0, help="token source seed: same seed, same tokens")
+    rules = "SGLang release whose wire rules to follow"
+    add("--sglang-version", choices=_SGLANG_VERSIONS, default=_SGLANG_VERSIONS[0], help=rules)
+    # The old spelling read like the command's own --version; scripts that use it keep working.
+    add("--version", dest="sglang_version", choices=_SGLANG_VERSIONS, action=_Renamed, new="--sglang-version")
+    add(
+        "--fault",
+        type=_json_object,
+        metavar="JSON",
+        help='a fault for every request that names none, e.g. \'{"kind":"stall","seconds":2}\'; '
+        "fastaccum.emulator's docstring lists the kinds (default: none)",
+    )
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -218,96 +186,49 @@ def _build_parser() -> argparse.ArgumentParser:
         epilog="Run 'fastaccum COMMAND --help' for its options.",
         formatter_class=_HelpFormatter,
     )
-    parser.add_argument(
-        "--version",
-        action="version",
-        version=f"%(prog)s {__version__} ({IMPLEMENTATION} core)",
-        help="print the release and the core in use (cython or python), then exit",
-    )
+    version = f"%(prog)s {__version__} ({IMPLEMENTATION} core)"
+    parser.add_argument("--version", action="version", version=version, help="print the version and the core in use")
     sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
 
     def command(name: str, summary: str) -> argparse.ArgumentParser:
-        return sub.add_parser(
-            name, help=summary, description=summary[0].upper() + summary[1:] + ".", formatter_class=_HelpFormatter
-        )
+        described = summary[0].upper() + summary[1:] + "."
+        return sub.add_parser(name, help=summary, description=described, formatter_class=_HelpFormatter)
 
     demo = command("demo", "stream from the embedded emulator and verify every token")
-    demo.add_argument("--tokens", type=_positive, default=50_000, help="tokens per request, sent as max_new_tokens")
-    demo.add_argument("--requests", type=_positive, default=4, help="requests to stream")
-    demo.add_argument("--concurrency", type=_positive, default=4, help="requests streaming at once")
-    demo.add_argument(
-        "--mode",
-        choices=("auto", "cumulative", "incremental"),
-        default="auto",
-        help="accumulator mode; auto reads it from the stream",
-    )
-    demo.add_argument(
-        "--server-mode",
-        choices=("cumulative", "incremental"),
-        default=None,
-        help="emulator streaming mode (default: cumulative with --mode cumulative, else incremental)",
-    )
-    demo.add_argument(
-        "--stream-interval",
-        type=_positive,
-        default=None,
-        help="tokens per event (default: 4 incremental, 64 cumulative; 1 is the worst case)",
-    )
-    demo.add_argument(
-        "--routed-experts",
-        type=_shape,
-        default=None,
-        metavar="LxK",
-        help="request routed experts from a model with L layers, top-K (default: none)",
-    )
-    demo.add_argument(
-        "--abort-after",
-        type=_non_negative_float,
-        default=None,
-        metavar="S",
-        help="abort each request S seconds after it starts, and verify the prefix (default: run to the end)",
-    )
-    demo.add_argument("--token-rate", type=_token_rate, default=0.0, help="tokens/s per request; 0: unlimited")
-    demo.add_argument("--seed", type=int, default=0, help="the emulator's token source seed")
-    demo.add_argument(
-        "--in-process",
-        action="store_true",
-        help="run the emulator in this process (default: a child, so CPU numbers are the client's)",
-    )
-    demo.add_argument("--no-progress", action="store_true", help="draw no progress bar on stderr")
+    add = demo.add_argument
+    add("--tokens", type=_positive, default=50_000, help="tokens per request, sent as max_new_tokens")
+    add("--requests", type=_positive, default=4, help="requests to stream")
+    add("--concurrency", type=_positive, default=4, help="requests streaming at once")
+    add("--mode", choices=_MODES, default="auto", help="accumulator mode; auto reads it from the stream")
+    server_mode = "emulator streaming mode (default: cumulative with --mode cumulative, else incremental)"
+    add("--server-mode", choices=_MODES[1:], help=server_mode)
+    interval = "tokens per event (default: 4 incremental, 64 cumulative; 1 is the worst case)"
+    add("--stream-interval", type=_positive, help=interval)
+    routed = "request routed experts from a model with L layers, top-K (default: none)"
+    add("--routed-experts", type=_shape, metavar="LxK", help=routed)
+    abort = "abort each request S seconds after it starts, and verify the prefix (default: run to the end)"
+    add("--abort-after", type=_non_negative_float, metavar="S", help=abort)
+    add("--token-rate", type=_token_rate, default=0.0, help="tokens/s per request; 0: unlimited")
+    add("--seed", type=int, default=0, help="the emulator's token source seed")
+    in_process = "run the emulator in this process (default: a child, so CPU numbers are the client's)"
+    add("--in-process", action="store_true", help=in_process)
+    add("--no-progress", action="store_true", help="draw no progress bar on stderr")
     demo.set_defaults(handler=_demo)
 
     replay = command("replay", "feed a captured SSE byte stream and print what it holds")
-    replay.add_argument(
-        "file", metavar="FILE", help="the bytes of a /generate response body, as captured; - reads stdin"
-    )
-    replay.add_argument(
-        "--mode",
-        choices=("auto", "cumulative", "incremental"),
-        default="auto",
-        help="accumulator mode; auto reads it from the stream",
-    )
-    replay.add_argument(
-        "--expert-shape",
-        type=_shape,
-        default=None,
-        metavar="LxK",
-        help="check routed experts against L layers, top-K and shape them (rows, L, K) (default: one flat array)",
-    )
-    replay.add_argument(
-        "--max-event-bytes",
-        type=_event_limit,
-        default=None,
-        metavar="N",
-        help="refuse an event whose data exceeds N bytes; 0: no limit (default: no limit)",
-    )
+    add = replay.add_argument
+    add("file", metavar="FILE", help="the bytes of a /generate response body, as captured; - reads stdin")
+    add("--mode", choices=_MODES, default="auto", help="accumulator mode; auto reads it from the stream")
+    shape = "check routed experts against L layers, top-K and shape them (rows, L, K) (default: one flat array)"
+    add("--expert-shape", type=_shape, metavar="LxK", help=shape)
+    limit = "refuse an event whose data exceeds N bytes; 0: no limit (default: no limit)"
+    add("--max-event-bytes", type=_event_limit, metavar="N", help=limit)
     replay.set_defaults(handler=_replay)
 
     emulator = command("emulator", "run the SGLang emulator until interrupted")
     emulator.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    emulator.add_argument(
-        "--port", type=_bounded_int(0, 65535), default=30000, help="port to listen on; 0 picks a free one"
-    )
+    port = "port to listen on; 0 picks a free one"
+    emulator.add_argument("--port", type=_bounded_int(0, 65535), default=30000, help=port)
     _add_server_options(emulator)
     emulator.set_defaults(handler=_emulator)
     return parser
@@ -500,11 +421,8 @@ async def _demo_async(args: argparse.Namespace) -> int:
                 session, f"{url}/generate", payload, mode=args.mode, expert_shape=args.routed_experts
             )
             streams.append(stream)
-            timer = (
-                asyncio.get_running_loop().call_later(args.abort_after, stream.abort)
-                if args.abort_after is not None
-                else None
-            )
+            after = args.abort_after
+            timer = None if after is None else asyncio.get_running_loop().call_later(after, stream.abort)
             try:
                 outcome.result = await stream.run()
             except Exception as exc:  # reported with the others below
@@ -533,11 +451,8 @@ async def _demo_async(args: argparse.Namespace) -> int:
             _stop(child)
     if died is not None:
         progress.close(sum(s.tokens for s in streams))
-        hint = (
-            ": out of memory? It computes each request's tokens up front; try fewer --tokens"
-            if died == -signal.SIGKILL
-            else ""
-        )
+        hint = ": out of memory? It computes each request's tokens up front; try fewer --tokens"
+        hint = hint if died == -signal.SIGKILL else ""
         raise CommandError(f"the emulator child died during the run ({_ended(died)}){hint}")
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     progress.close(sum(s.tokens for s in streams))
@@ -569,36 +484,14 @@ async def _demo_async(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _spawn_emulator(server_args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
+async def _spawn_emulator(a: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
     # -P: run from a source checkout, "-m" would otherwise import the checkout's fastaccum/ (which
     # holds no compiled core) instead of the installed package.
-    command = [
-        sys.executable,
-        "-P",
-        "-m",
-        "fastaccum",
-        "emulator",
-        "--port",
-        "0",
-        "--stream-interval",
-        str(server_args.stream_interval),
-        "--num-layers",
-        str(server_args.num_layers),
-        "--topk",
-        str(server_args.topk),
-        "--num-experts",
-        str(server_args.num_experts),
-        "--seed",
-        str(server_args.seed),
-        "--max-running-requests",
-        str(server_args.max_running_requests),
-        "--token-rate",
-        str(server_args.token_rate or 0),
-    ]
-    if server_args.incremental_streaming_output:
-        command.append("--incremental-streaming-output")
-    if server_args.enable_return_routed_experts:
-        command.append("--enable-return-routed-experts")
+    values = ("stream_interval", "num_layers", "topk", "num_experts", "seed", "max_running_requests", "token_rate")
+    flags = ("incremental_streaming_output", "enable_return_routed_experts")
+    command = [sys.executable, "-P", "-m", "fastaccum", "emulator", "--port=0"]
+    command += [f"--{name.replace('_', '-')}={getattr(a, name)}" for name in values]
+    command += [f"--{name.replace('_', '-')}" for name in flags if getattr(a, name)]
     # A terminal's Ctrl-C signals the whole process group. The demo stops its child itself, so the
     # child starts with SIGINT blocked (the mask survives exec): interrupted while importing, it
     # would print a traceback, and the demo would take its death for a failure to start.

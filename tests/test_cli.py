@@ -334,7 +334,7 @@ def test_every_option_has_help_and_shows_its_default(command: str) -> None:
         key = action.option_strings[0] if action.option_strings else str(action.metavar or action.dest)
         entry = entries[key]
         assert action.help and action.help.split()[0] in entry, f"{key} has no help: {entry!r}"
-        if action.default not in (None, False, argparse.SUPPRESS):
+        if not (action.default is None or action.default is False or action.default == argparse.SUPPRESS):
             assert f"(default: {action.default})" in entry, f"{key} hides its default: {entry!r}"
 
 
