@@ -392,18 +392,10 @@ async def _demo_async(args: argparse.Namespace) -> int:
         f"server {server_mode} (interval {interval}), accumulator {args.mode} [{IMPLEMENTATION}]"
         + (f", routed experts {layers}x{topk}" if args.routed_experts else "")
     )
-    child: subprocess.Popen[str] | None = None
-    embedded = None
-    if args.in_process:
-        embedded = truth
-        url = await embedded.start()
-    else:
-        child, url = await _spawn_emulator(server_args)
     prompt = list(range(1, 17))
     streams: list[GenerateStream] = []
     outcomes: list[_Outcome] = []
     limit = asyncio.Semaphore(args.concurrency)
-    progress = _Progress(args.requests * args.tokens, enabled=not args.no_progress)
 
     async def one(session: aiohttp.ClientSession, i: int) -> None:
         rid = f"demo-{i:05d}-"  # the trailing '-' keeps rids prefix-free: /abort_request matches by prefix
@@ -431,9 +423,17 @@ async def _demo_async(args: argparse.Namespace) -> int:
                 if timer is not None:
                     timer.cancel()
 
-    cpu0, wall0 = time.process_time(), time.perf_counter()
+    child: subprocess.Popen[str] | None = None
+    embedded = None
     died: int | None = None
-    try:
+    if args.in_process:
+        embedded = truth
+        url = await embedded.start()
+    else:
+        child, url = await _spawn_emulator(server_args)
+    try:  # from the moment the child runs: a second Ctrl-C may come anywhere
+        progress = _Progress(args.requests * args.tokens, enabled=not args.no_progress)
+        cpu0, wall0 = time.process_time(), time.perf_counter()
         async with aiohttp.ClientSession(timeout=STREAM_TIMEOUT) as session:
             ticker = asyncio.create_task(progress.follow(streams))
             await asyncio.gather(*(one(session, i) for i in range(args.requests)))
@@ -500,10 +500,12 @@ async def _spawn_emulator(a: argparse.Namespace) -> tuple[subprocess.Popen[str],
         child = subprocess.Popen(
             command, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
         )
-    finally:
+    except BaseException:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        raise
     assert child.stdout is not None
     try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # runs the handler of a Ctrl-C that came meanwhile
         # In a thread, so that Ctrl-C (which cancels this task) need not wait for the child.
         line = await asyncio.to_thread(child.stdout.readline)
     except BaseException:
