@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import socket
@@ -56,8 +57,9 @@ def _wait_for_a_child_of(pid: int) -> int:
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the child in /proc")
 def test_ctrl_c_while_the_demo_starts_its_emulator_ends_quietly_with_no_process_left() -> None:
     # Started as from a shell: its own process group, which a terminal's Ctrl-C signals as a whole.
+    command = ["demo", "--tokens", "10000000", "--token-rate", "1000", "--no-progress"]
     demo = subprocess.Popen(
-        [sys.executable, "-P", "-m", "fastaccum", "demo", "--tokens", "10000000", "--token-rate", "1000"],
+        [sys.executable, "-P", "-m", "fastaccum", *command],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -68,22 +70,22 @@ def test_ctrl_c_while_the_demo_starts_its_emulator_ends_quietly_with_no_process_
         assert demo.stdout.readline().startswith("fastaccum demo: ")  # printed just before the child starts
         _wait_for_a_child_of(demo.pid)  # the emulator, still importing: it takes a few hundred ms
         os.killpg(demo.pid, signal.SIGINT)
-        out, err = demo.communicate(timeout=TIMEOUT_S)
+        status = demo.wait(timeout=TIMEOUT_S)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # the emulator child goes with the demo
+            try:
+                os.killpg(demo.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the emulator child outlived the demo")
     finally:
-        if demo.poll() is None:
-            demo.kill()
-    assert demo.returncode == 130, out + err
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(demo.pid, signal.SIGKILL)  # whatever failed, leave no process behind
+    out, err = demo.communicate(timeout=TIMEOUT_S)
+    assert status == 130, out + err
     assert "Traceback" not in err and "error" not in err, err
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:  # the emulator child goes with the demo
-        try:
-            os.killpg(demo.pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.05)
-    else:
-        os.killpg(demo.pid, signal.SIGKILL)
-        raise AssertionError("the emulator child outlived the demo")
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the child in /proc")
