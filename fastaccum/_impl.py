@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from types import ModuleType
+from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Literal
 
 __all__ = ("IMPLEMENTATION", "StreamAccumulator", "accumulate")
@@ -17,15 +17,15 @@ def _load_core() -> tuple[ModuleType, Literal["cython", "python"]]:
     if not _NO_EXTENSIONS and sys.implementation.name == "cpython":
         try:
             from fastaccum import _cy
-        except ImportError:
+        except ImportError as exc:
             if _in_source_checkout():
                 raise ImportError(_SHADOWED) from None
-            if _REQUIRE_EXTENSIONS:
-                raise  # wheels and CI must never fall back without saying so
+            if _REQUIRE_EXTENSIONS:  # wheels and CI must never fall back without saying so
+                raise _refusal(_no_core(exc)) from None
         else:
             return _cy, "cython"
     elif _REQUIRE_EXTENSIONS:
-        raise ImportError("FASTACCUM_REQUIRE_EXTENSIONS=1, but the compiled core is switched off")
+        raise _refusal("FASTACCUM_REQUIRE_EXTENSIONS=1, but the compiled core is switched off")
     from fastaccum import _py
 
     return _py, "python"
@@ -38,6 +38,41 @@ _SHADOWED = (
     "fastaccum is imported from its source tree, which shadows the installed package; "
     "run with python -P, or from another directory"
 )
+
+
+def _no_core(exc: ImportError) -> str:
+    import platform
+
+    python = f"CPython {sys.version_info.major}.{sys.version_info.minor} on {platform.machine()}"
+    # Not found (rather than failing to load): a pure-only install, or a wheel built for another
+    # Python, whose modules this interpreter's suffixes do not match.
+    missing = exc.name == "fastaccum" or (
+        isinstance(exc, ModuleNotFoundError) and (exc.name or "").startswith("fastaccum._cy")
+    )
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    return (
+        "FASTACCUM_REQUIRE_EXTENSIONS=1, but fastaccum's compiled core "
+        + ("is not installed" if missing else f"does not load ({exc})")
+        + f": install the fastaccum wheel for {python} (the file tagged {tag} and {platform.machine()}), "
+        "or unset FASTACCUM_REQUIRE_EXTENSIONS to accept the pure-Python fallback"
+    )
+
+
+def _refusal(message: str) -> ImportError:
+    # The console script imports the package before any of the command's code runs, so only here
+    # can the refusal become the one line it is: a traceback through the import machinery would
+    # bury the advice. Only this exception, if nothing catches it, is printed that way.
+    error = ImportError(message)
+    previous = sys.excepthook
+
+    def one_line(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        if value is error:
+            print(f"fastaccum: error: {message}", file=sys.stderr)
+        else:
+            previous(kind, value, tb)
+
+    sys.excepthook = one_line
+    return error
 
 
 def _in_source_checkout() -> bool:

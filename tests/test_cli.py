@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pytest
 
-from fastaccum import IMPLEMENTATION, __version__, wire
+from fastaccum import IMPLEMENTATION, StreamResult, __version__, wire
+from fastaccum.cli import _build_parser, _Outcome, _verify
+from fastaccum.emulator import Emulator
 
 TIMEOUT_S = 120
 
@@ -30,6 +38,86 @@ def test_demo_verifies_every_token() -> None:
     done = fastaccum("demo", "--tokens", "3000", "--requests", "3", "--concurrency", "2", "--no-progress")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "9,000 verified" in done.stdout and "us/token" in done.stdout and done.stdout.endswith("OK\n")
+
+
+def _wait_for_a_child_of(pid: int) -> int:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:  # gone meanwhile
+                continue
+            if int(fields[1]) == pid:
+                return int(stat.parent.name)
+        time.sleep(0.005)
+    raise AssertionError(f"process {pid} started no child")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the child in /proc")
+def test_ctrl_c_while_the_demo_starts_its_emulator_ends_quietly_with_no_process_left() -> None:
+    # Started as from a shell: its own process group, which a terminal's Ctrl-C signals as a whole.
+    command = ["demo", "--tokens", "10000000", "--token-rate", "1000", "--no-progress"]
+    demo = subprocess.Popen(
+        [sys.executable, "-P", "-m", "fastaccum", *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert demo.stdout is not None
+        assert demo.stdout.readline().startswith("fastaccum demo: ")  # printed just before the child starts
+        _wait_for_a_child_of(demo.pid)  # the emulator, still importing: it takes a few hundred ms
+        os.killpg(demo.pid, signal.SIGINT)
+        status = demo.wait(timeout=TIMEOUT_S)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # the emulator child goes with the demo
+            try:
+                os.killpg(demo.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the emulator child outlived the demo")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(demo.pid, signal.SIGKILL)  # whatever failed, leave no process behind
+    out, err = demo.communicate(timeout=TIMEOUT_S)
+    assert status == 130, out + err
+    assert "Traceback" not in err and "error" not in err, err
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the child in /proc")
+def test_demo_whose_emulator_dies_says_so_instead_of_reporting_mismatches() -> None:
+    demo = subprocess.Popen(
+        [
+            sys.executable,
+            "-P",
+            "-m",
+            "fastaccum",
+            "demo",
+            "--tokens",
+            "100000",
+            "--token-rate",
+            "1000",
+            "--no-progress",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        child = _wait_for_a_child_of(demo.pid)
+        time.sleep(2)  # streaming by now (a slow start is reported the same way)
+        os.kill(child, signal.SIGKILL)  # as the kernel's OOM killer would
+        out, err = demo.communicate(timeout=TIMEOUT_S)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert demo.returncode == 1 and "MISMATCH" not in out, out + err
+    assert err.startswith("fastaccum demo: error: the emulator child ") and "killed by SIGKILL" in err, err
+    assert err.count("\n") == 1, err
 
 
 def test_demo_cumulative_with_routed_experts_in_process() -> None:
@@ -59,6 +147,35 @@ def test_demo_abort_after_keeps_verified_prefixes_without_tqdm() -> None:
     assert "2 requests aborted" in done.stdout and "OK" in done.stdout
 
 
+def test_demo_aborted_before_any_token_verifies_the_empty_prefix() -> None:
+    # Aborted at once, no event arrives: text and logprobs are unknown (None), which is no mismatch.
+    done = fastaccum("demo", "--tokens", "100000", "--requests", "2", "--abort-after", "0", "--no-progress")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "MISMATCH" not in done.stdout and done.stdout.endswith("OK\n"), done.stdout
+
+
+def test_demo_without_a_token_prints_no_per_token_figures() -> None:
+    # Aborted when it starts: the request is cancelled before its first byte can arrive.
+    done = fastaccum("demo", "--tokens", "1000", "--requests", "2", "--abort-after", "0", "--no-progress")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "tokens:        0 verified" in done.stdout, done.stdout
+    assert "/token" not in done.stdout and "tokens/s" not in done.stdout, done.stdout
+    assert "no token arrived" in done.stdout, done.stdout
+
+
+def test_demo_verification_accepts_an_empty_prefix_and_still_flags_missing_logprobs() -> None:
+    truth = Emulator(incremental_streaming_output=True, stream_interval=4)
+    args = argparse.Namespace(tokens=100, routed_experts=None)
+    empty = StreamResult(mode="incremental", token_ids=np.empty(0, dtype=np.int32), aborted=True)
+    assert _verify(truth, _Outcome("demo-00000-", empty), 16, args) == []
+    expected = truth.expected("demo-00000-", 3, prompt_tokens=16)
+    silent = StreamResult(mode="incremental", token_ids=np.asarray(expected.token_ids, dtype=np.int32), aborted=True)
+    assert _verify(truth, _Outcome("demo-00000-", silent), 16, args) == [
+        "demo-00000-: logprobs differ",
+        "demo-00000-: text differs",
+    ]
+
+
 def test_replay_prints_a_summary(tmp_path: Path) -> None:
     gen = wire.synthetic_generation("rep-1", 50, expert_shape=(3, 2), top_p=True)
     path = tmp_path / "stream.sse"
@@ -69,6 +186,32 @@ def test_replay_prints_a_summary(tmp_path: Path) -> None:
     assert "tokens:        50" in done.stdout and "routed:        (65, 3, 2) int32" in done.stdout
 
 
+def test_replay_dash_reads_the_stream_from_stdin() -> None:
+    gen = wire.synthetic_generation("rep-3", 40, expert_shape=(3, 2))
+    body = wire.stream_bytes(wire.stream_events(gen, wire.WireOptions(incremental=True), interval=4))
+    done = subprocess.run(
+        [sys.executable, "-P", "-m", "fastaccum", "replay", "-", "--expert-shape", "3x2"],
+        input=body,
+        capture_output=True,
+        timeout=TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert b"tokens:        40" in done.stdout and b"routed:        (55, 3, 2) int32" in done.stdout
+    assert b"<stdin>" in done.stdout
+
+
+def test_replay_max_event_bytes_zero_means_no_limit(tmp_path: Path) -> None:
+    gen = wire.synthetic_generation("rep-4", 20)
+    path = tmp_path / "stream.sse"
+    path.write_bytes(wire.stream_bytes(wire.stream_events(gen, wire.WireOptions(incremental=True), interval=4)))
+    unlimited = fastaccum("replay", str(path), "--max-event-bytes", "0")
+    assert unlimited.returncode == 0, unlimited.stdout + unlimited.stderr
+    assert "tokens:        20" in unlimited.stdout
+    limited = fastaccum("replay", str(path), "--max-event-bytes", "10")
+    assert limited.returncode == 1 and "StreamLimitError" in limited.stdout, limited.stdout
+    assert "0: no limit" in _help_entries(_subcommands()["replay"].format_help())["--max-event-bytes"]
+
+
 def test_replay_reports_the_typed_error_and_event_index(tmp_path: Path) -> None:
     gen = wire.synthetic_generation("rep-2", 30)
     body = wire.stream_bytes(wire.stream_events(gen, wire.WireOptions()), done=False)
@@ -76,9 +219,18 @@ def test_replay_reports_the_typed_error_and_event_index(tmp_path: Path) -> None:
     path.write_bytes(body[: len(body) - 40])
     done = fastaccum("replay", str(path))
     assert done.returncode == 1
-    assert done.stdout.startswith("error: StreamTruncatedError at event 29:"), done.stdout
+    assert done.stdout.startswith("error: StreamTruncatedError: event 29:"), done.stdout
     missing = fastaccum("replay", str(tmp_path / "nope.sse"))
     assert missing.returncode == 1 and "cannot read" in missing.stderr
+
+
+def test_replay_error_names_the_event_once(tmp_path: Path) -> None:
+    path = tmp_path / "bad.sse"
+    path.write_bytes(b"data: {not json\n\n")
+    done = fastaccum("replay", str(path))
+    assert done.returncode == 1
+    first = done.stdout.splitlines()[0]
+    assert first.startswith("error: StreamFormatError: event 0: ") and first.count("event 0") == 1, first
 
 
 def test_emulator_command_serves_until_terminated() -> None:
@@ -94,6 +246,8 @@ def test_emulator_command_serves_until_terminated() -> None:
             "--incremental-streaming-output",
             "--stream-interval",
             "4",
+            "--sglang-version",
+            "0.5.15",
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -106,14 +260,98 @@ def test_emulator_command_serves_until_terminated() -> None:
         with urllib.request.urlopen(f"{url}/server_info", timeout=10) as resp:
             info = orjson.loads(resp.read())
         assert info["incremental_streaming_output"] is True and info["stream_interval"] == 4
+        assert info["version"] == "0.5.15"
     finally:
         child.terminate()
         child.wait(timeout=10)
 
 
+@pytest.mark.parametrize(
+    "arguments",
+    [["replay", "STREAM"], ["demo", "--tokens", "100", "--no-progress"], ["emulator", "--port", "0"]],
+    ids=["replay", "demo", "emulator"],
+)
+def test_output_into_a_closed_pipe_ends_quietly(arguments: list[str], tmp_path: Path) -> None:
+    # As in `fastaccum replay x.sse | head -1`: the reader is gone before the command writes.
+    stream = tmp_path / "stream.sse"
+    stream.write_bytes(wire.stream_bytes(wire.stream_events(wire.synthetic_generation("pipe", 20), wire.WireOptions())))
+    command = [sys.executable, "-P", "-m", "fastaccum", *(str(stream) if a == "STREAM" else a for a in arguments)]
+    done = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert done.stdout is not None and done.stderr is not None
+    done.stdout.close()
+    try:
+        err = done.stderr.read()
+        done.wait(timeout=TIMEOUT_S)
+    finally:
+        if done.poll() is None:
+            done.kill()
+    assert done.returncode == 141 and err == "", err  # 141: what a shell reports for SIGPIPE
+
+
 def test_no_command_prints_help() -> None:
     done = fastaccum()
     assert done.returncode == 2 and "demo" in done.stdout
+
+
+def test_help_describes_the_command_in_plain_text() -> None:
+    done = fastaccum("--help")
+    assert done.returncode == 0, done.stderr
+    description = " ".join(done.stdout.split("\n\n")[1].split())
+    assert "``" not in done.stdout and description.startswith("Consume SGLang /generate streams"), description
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = _build_parser()
+    (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {"": parser, **sub.choices}
+
+
+def _help_entries(text: str) -> dict[str, str]:
+    """Each option's entry in --help output, keyed by its first spelling, whitespace collapsed."""
+    entries: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith("  ") and not line.startswith("   "):
+            key = line.split()[0].rstrip(",")
+            current = entries.setdefault(key, [])
+            current.append(line)
+        elif line.startswith("   ") and current is not None:
+            current.append(line)
+        else:
+            current = None
+    return {key: " ".join(" ".join(lines).split()) for key, lines in entries.items()}
+
+
+@pytest.mark.parametrize("command", ["", "demo", "replay", "emulator"])
+def test_every_option_has_help_and_shows_its_default(command: str) -> None:
+    parser = _subcommands()[command]
+    entries = _help_entries(parser.format_help())
+    shown = {a.dest for a in parser._actions if a.help != argparse.SUPPRESS}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            continue
+        if action.help == argparse.SUPPRESS:  # only an old spelling of an option that is shown
+            assert action.dest in shown, action.option_strings
+            continue
+        key = action.option_strings[0] if action.option_strings else str(action.metavar or action.dest)
+        entry = entries[key]
+        assert action.help and action.help.split()[0] in entry, f"{key} has no help: {entry!r}"
+        if not (action.default is None or action.default is False or action.default == argparse.SUPPRESS):
+            assert f"(default: {action.default})" in entry, f"{key} hides its default: {entry!r}"
+
+
+def test_emulator_sglang_version_selects_the_flavour_and_leaves_version_to_the_command(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    parser = _build_parser()
+    assert parser.parse_args(["emulator", "--sglang-version", "0.5.15"]).sglang_version == "0.5.15"
+    assert parser.parse_args(["emulator"]).sglang_version == "0.5.23"
+    assert capsys.readouterr().err == ""
+    # the old spelling still works, says it is deprecated, and is no longer offered
+    assert parser.parse_args(["emulator", "--version", "0.5.15"]).sglang_version == "0.5.15"
+    assert "--version is deprecated" in capsys.readouterr().err
+    usage = _subcommands()["emulator"].format_help()
+    assert "--sglang-version" in usage and " --version" not in usage and "[--version" not in usage
 
 
 def test_version_names_the_release_and_the_core() -> None:
@@ -142,7 +380,10 @@ MISUSE = {
     "port-out-of-range": (["emulator", "--port", "70000"], 2, "from 0 to 65535"),
     "zero-stream-interval": (["emulator", "--stream-interval", "0"], 2, "--stream-interval"),
     "negative-token-rate": (["emulator", "--token-rate", "-1"], 2, "--token-rate"),
-    "unknown-version": (["emulator", "--version", "0.4"], 2, "invalid choice"),
+    "infinite-token-rate": (["emulator", "--token-rate", "inf"], 2, "--token-rate"),
+    "infinite-demo-token-rate": (["demo", "--token-rate", "inf"], 2, "--token-rate"),
+    "unknown-sglang-version": (["emulator", "--sglang-version", "0.4"], 2, "invalid choice"),
+    "unknown-version-old-spelling": (["emulator", "--version", "0.4"], 2, "invalid choice"),
     "replay-missing-file": (["replay", "/nonexistent/stream.sse"], 1, "cannot read /nonexistent/stream.sse"),
     "replay-directory": (["replay", "/"], 1, "cannot read /"),
     "bad-expert-shape": (["replay", "x.sse", "--expert-shape", "3x2x1"], 2, "LAYERSxTOPK"),

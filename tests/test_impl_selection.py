@@ -49,6 +49,58 @@ def test_require_with_no_extensions_refuses_to_import() -> None:
     assert "compiled core is switched off" in info.value.stderr
 
 
+@pytest.fixture(scope="module")
+def pure_only_install(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding the installed package without its compiled modules, as an install built
+    with FASTACCUM_NO_EXTENSIONS=1 (or a wheel for another Python) leaves it: put it first on
+    PYTHONPATH."""
+    import importlib.machinery
+    import shutil
+
+    root = tmp_path_factory.mktemp("pure_only")
+    compiled = ["*" + suffix for suffix in importlib.machinery.EXTENSION_SUFFIXES]
+    # symlinks=False: a checkout's _cy and _py are links to src_cython/ and python/
+    shutil.copytree(
+        Path(fastaccum.__file__).parent,
+        root / "fastaccum",
+        ignore=shutil.ignore_patterns(*compiled, "__pycache__"),
+        symlinks=False,
+    )
+    return root
+
+
+def _run_pure_only(root: Path, code: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("FASTACCUM_")}
+    environment.update(env, PYTHONPATH=str(root))
+    return subprocess.run([sys.executable, "-P", *code], env=environment, capture_output=True, text=True, cwd="/")
+
+
+def test_a_pure_only_install_falls_back_to_the_pure_twin(pure_only_install: Path) -> None:
+    done = _run_pure_only(pure_only_install, ["-c", "import fastaccum; print(fastaccum.IMPLEMENTATION)"])
+    assert (done.returncode, done.stdout) == (0, "python\n"), done.stderr
+
+
+STARTS = {
+    "import": ["-c", "import fastaccum"],
+    # what the fastaccum console script does
+    "command": ["-c", "import sys; from fastaccum.cli import main; sys.exit(main(['--version']))"],
+    "module": ["-m", "fastaccum", "--version"],
+}
+
+
+@pytest.mark.parametrize("start", sorted(STARTS))
+def test_required_core_missing_says_what_to_install_in_one_line(pure_only_install: Path, start: str) -> None:
+    import platform
+
+    done = _run_pure_only(pure_only_install, STARTS[start], FASTACCUM_REQUIRE_EXTENSIONS="1")
+    assert done.returncode != 0 and done.stdout == ""
+    assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    line = done.stderr
+    assert "compiled core is not installed" in line, line
+    python = f"CPython {sys.version_info.major}.{sys.version_info.minor} on {platform.machine()}"
+    assert python in line and "unset FASTACCUM_REQUIRE_EXTENSIONS" in line, line
+
+
 def test_twins_export_the_same_names_in_the_same_order(impl: ModuleType) -> None:
     import fastaccum._py as pure
 
