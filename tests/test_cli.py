@@ -19,7 +19,8 @@ import orjson
 import pytest
 
 from fastaccum import IMPLEMENTATION, StreamResult, __version__, wire
-from fastaccum.cli import _build_parser, _Outcome, _verify
+from fastaccum.cli._demo import Outcome, verify
+from fastaccum.cli._parser import build_parser
 from fastaccum.emulator import Emulator
 
 TIMEOUT_S = 120
@@ -167,10 +168,10 @@ def test_demo_verification_accepts_an_empty_prefix_and_still_flags_missing_logpr
     truth = Emulator(incremental_streaming_output=True, stream_interval=4)
     args = argparse.Namespace(tokens=100, routed_experts=None)
     empty = StreamResult(mode="incremental", token_ids=np.empty(0, dtype=np.int32), aborted=True)
-    assert _verify(truth, _Outcome("demo-00000-", empty), 16, args) == []
+    assert verify(truth, Outcome("demo-00000-", empty), 16, args) == []
     expected = truth.expected("demo-00000-", 3, prompt_tokens=16)
     silent = StreamResult(mode="incremental", token_ids=np.asarray(expected.token_ids, dtype=np.int32), aborted=True)
-    assert _verify(truth, _Outcome("demo-00000-", silent), 16, args) == [
+    assert verify(truth, Outcome("demo-00000-", silent), 16, args) == [
         "demo-00000-: logprobs differ",
         "demo-00000-: text differs",
     ]
@@ -222,6 +223,19 @@ def test_replay_reports_the_typed_error_and_event_index(tmp_path: Path) -> None:
     assert done.stdout.startswith("error: StreamTruncatedError: event 29:"), done.stdout
     missing = fastaccum("replay", str(tmp_path / "nope.sse"))
     assert missing.returncode == 1 and "cannot read" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    ("body", "kind"),
+    [(b'{"text":"hi","meta_info":{}}', "a JSON object"), (b"<html><body>502</body></html>", "an HTML page")],
+    ids=["json", "html"],
+)
+def test_replay_of_a_body_that_is_no_event_stream_says_what_it_is(tmp_path: Path, body: bytes, kind: str) -> None:
+    path = tmp_path / "answer"
+    path.write_bytes(body)
+    done = fastaccum("replay", str(path))
+    assert done.returncode == 1
+    assert f"error: StreamFormatError: the response is not an event stream: {kind}" in done.stdout
 
 
 def test_replay_error_names_the_event_once(tmp_path: Path) -> None:
@@ -301,7 +315,7 @@ def test_help_describes_the_command_in_plain_text() -> None:
 
 
 def _subcommands() -> dict[str, argparse.ArgumentParser]:
-    parser = _build_parser()
+    parser = build_parser()
     (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     return {"": parser, **sub.choices}
 
@@ -343,7 +357,7 @@ def test_every_option_has_help_and_shows_its_default(command: str) -> None:
 def test_emulator_sglang_version_selects_the_flavour_and_leaves_version_to_the_command(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    parser = _build_parser()
+    parser = build_parser()
     assert parser.parse_args(["emulator", "--sglang-version", "0.5.15"]).sglang_version == "0.5.15"
     assert parser.parse_args(["emulator"]).sglang_version == "0.5.23"
     assert capsys.readouterr().err == ""
