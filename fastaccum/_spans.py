@@ -5,7 +5,7 @@ gigabytes; orjson would build a Python str of each. Both twins find those values
 the event with each emptied (``""``), and fastaccum._policy decodes the bytes in place. This runs
 on an event the compiled twin's scanner leaves to orjson, once per stream in practice; every
 search is a ``bytes.find`` (memchr speed), so the Python around it costs a few microseconds per
-event. The compiled twin's stream.pxi runs the same forward scan while a large event arrives.
+event. The compiled twin's stream module runs the same forward scan while a large event arrives.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-/* The base64 decoder of streamed routed-experts values (stream.pxi): whole unpadded quanta
+/* The base64 decoder of streamed routed-experts values (stream.pyx): whole unpadded quanta
    straight into the caller's memory, so hundreds of MB of base64 are not first decoded into a
    bytes object and copied. It accepts exactly the 64 characters of the standard alphabet and
    refuses everything else (padding included); the caller then hands the characters to pybase64,

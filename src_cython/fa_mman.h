@@ -1,4 +1,4 @@
-/* Memory for decoded routed-experts blocks (stream.pxi): anonymous mappings where the system has
+/* Memory for decoded routed-experts blocks (stream.pyx): anonymous mappings where the system has
    them, so a block of hundreds of MB can grow by remapping pages (Linux mremap) instead of
    copying, and can ask for transparent huge pages (Linux madvise). Elsewhere plain malloc. */
 #ifndef FA_MMAN_H

@@ -1,4 +1,4 @@
-/* Number and string helpers of the compiled twin's event scanner (scan.pxi): pure C, no Python
+/* Number and string helpers of the compiled twin's event scanner (scan.pyx): pure C, no Python
    objects.
 
    Origins of the number conversion (fa_scale):

@@ -27,7 +27,7 @@ cdef Py_ssize_t STREAM_AFTER_BYTES = 4 << 20
 
 cdef class ValueStream:
     """Compiled twin only: the base64 values of one large event, taken while its bytes arrive
-    (SpanScan in stream.pxi). The framer feeds it; this base does nothing."""
+    (SpanScan in fastaccum._cy.stream). The framer feeds it; this base does nothing."""
 
     cdef int advance(self, bytearray data, bint at_end=False) except -1:
         """Look at the newly arrived data."""
