@@ -85,10 +85,12 @@ for needed in LICENSE conftest.py tests tools/load_test.py tools/sglang_ref/scen
     [ -e "$SRC/$needed" ] || fail "the sdist lacks $needed"
 done
 if find "$SRC" -name '*.so' -o -name '*.c' | grep -q .; then fail "the sdist carries build products"; fi
-# The compiled twin's modules: one per .pyx, and one per pure-twin module with an augmenting .pxd.
+# The compiled twin's modules: one per .pyx, and one per pure-twin module that a .pxd without a
+# .pyx of its own augments (the one-source modules).
 MODULES=$(ls "$SRC"/src_cython/*.pyx | wc -l)
-for source in "$SRC"/python/*.py; do
-    [ -e "$SRC/src_cython/$(basename "${source%.py}").pxd" ] && MODULES=$((MODULES + 1))
+for pxd in "$SRC"/src_cython/*.pxd; do
+    name="$(basename "${pxd%.pxd}")"
+    if [ ! -e "$SRC/src_cython/$name.pyx" ] && [ -e "$SRC/python/$name.py" ]; then MODULES=$((MODULES + 1)); fi
 done
 echo "sdist: $(basename "$SDIST") ($(stat -c %s "$SDIST") bytes)"
 
