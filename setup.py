@@ -152,6 +152,10 @@ def extensions() -> list[Extension]:
             include_path=include_path,
             quiet=True,
         )
+    for ext in hand_written + single_source:
+        # Cython finds headers through the links to the source folders; name them by their real
+        # path, or the sdist would carry copies under fastaccum/_cy/.
+        ext.depends = sorted({os.path.relpath(os.path.realpath(path)) for path in ext.depends})
     return hand_written + single_source
 
 

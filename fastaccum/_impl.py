@@ -18,7 +18,7 @@ def _load_core() -> tuple[ModuleType, Literal["cython", "python"]]:
         try:
             from fastaccum import _cy
         except ImportError as exc:
-            if _in_source_checkout():
+            if _in_source_tree():
                 raise ImportError(_SHADOWED) from None
             if _REQUIRE_EXTENSIONS:  # wheels and CI must never fall back without saying so
                 raise _refusal(_no_core(exc)) from None
@@ -26,14 +26,19 @@ def _load_core() -> tuple[ModuleType, Literal["cython", "python"]]:
             return _cy, "cython"
     elif _REQUIRE_EXTENSIONS:
         raise _refusal("FASTACCUM_REQUIRE_EXTENSIONS=1, but the compiled core is switched off")
-    from fastaccum import _py
-
+    try:
+        from fastaccum import _py
+    except ImportError:
+        if _in_source_tree():  # an unpacked sdist: no links to the twins' folders
+            raise ImportError(_SHADOWED) from None
+        raise
     return _py, "python"
 
 
-# A checkout links python/ and src_cython/ as fastaccum/_py and fastaccum/_cy (for editors and type
-# checkers), but builds no compiled core there: run from the repository root, its fastaccum/ hides
-# the installed package, and would quietly run the pure twin from the source tree.
+# A source tree (a checkout, an unpacked sdist) builds no compiled core in place: run from its root,
+# its fastaccum/ hides the installed package. A checkout even links python/ and src_cython/ as
+# fastaccum/_py and fastaccum/_cy (for editors and type checkers), so it would quietly run the pure
+# twin from the source tree.
 _SHADOWED = (
     "fastaccum is imported from its source tree, which shadows the installed package; "
     "run with python -P, or from another directory"
@@ -75,8 +80,9 @@ def _refusal(message: str) -> ImportError:
     return error
 
 
-def _in_source_checkout() -> bool:
-    return os.path.islink(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_cy"))
+def _in_source_tree() -> bool:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return all(os.path.exists(os.path.join(root, part)) for part in ("setup.py", "src_cython", "python"))
 
 
 IMPLEMENTATION: Literal["cython", "python"]
