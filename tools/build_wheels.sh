@@ -75,6 +75,8 @@ export PATH="$TOOLS/bin:$PATH"  # auditwheel runs patchelf from PATH
 # ---- sdist ---------------------------------------------------------------------------------------
 rm -rf "$WORK/dist" "$WORK/sdist"
 mkdir -p "$WORK/dist" "$WORK/raw" "$WORK/sdist"
+# setuptools adds every file an old SOURCES.txt lists: a stale egg-info would leak into the sdist.
+rm -rf "$ROOT"/*.egg-info
 "$TOOLS/bin/python" -m build --sdist --outdir "$WORK/dist" "$ROOT" >"$WORK/sdist.log" 2>&1 \
     || { tail -30 "$WORK/sdist.log"; fail "sdist build"; }
 SDIST="$(ls "$WORK"/dist/fastaccum-*.tar.gz)"
