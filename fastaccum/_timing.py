@@ -9,6 +9,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from fastaccum.result import StreamTiming
 
@@ -52,6 +53,11 @@ class GapHistogram:
         return p50, p99
 
 
+class Progress(Protocol):
+    @property
+    def tokens(self) -> int: ...
+
+
 class RequestClock:
     """Monotonic marks of one request (0.0: not yet), from the moment it was written."""
 
@@ -76,12 +82,13 @@ class RequestClock:
             self.first_byte = stamp
         return stamp
 
-    def events_read(self, stamp: float, tokens: int) -> None:
-        """The read at ``stamp`` completed events; ``tokens``: the stream's total now."""
+    def events_read(self, stamp: float, progress: Progress) -> None:
+        """The read at ``stamp`` completed events of the stream whose token count is
+        ``progress.tokens`` (a property of the core, asked only until the first token)."""
         if self.last_event:
             self.gaps.record(stamp - self.last_event)
         self.last_event = stamp
-        if not self.first_token and tokens:
+        if not self.first_token and progress.tokens:
             self.first_token = stamp
 
     def end(self) -> None:

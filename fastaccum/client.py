@@ -86,6 +86,7 @@ class ClientStream(StreamConsumer):
         self._head = ResponseHead(self._url)
         self._body = BodyFraming(Body.UNTIL_CLOSE)  # where the body ends, once the head says
         self._feed_body: Callable[[memoryview], int] = self._accumulator.feed
+        self._chunked = False  # the core undoes the chunked coding and says where the body ends
         self._reusable = False
         self._paused = False  # reading paused for a window, waiting in the client's Resumer
 
@@ -178,6 +179,7 @@ class ClientStream(StreamConsumer):
             self._fail(exc)
             return False
         if self._body.kind is Body.CHUNKED:
+            self._chunked = True
             self._feed_body = self._accumulator.feed_chunked
             self._first_bytes_chunked = True
         self._content_type = head.headers.get("content-type")
@@ -190,7 +192,9 @@ class ClientStream(StreamConsumer):
         previous = self._clock.last_read
         stamp = self._clock.read()
         self._bytes_received += len(data)
-        data, extra = self._body.cut(data)
+        extra = 0
+        if not self._chunked:  # a Content-Length body may end inside this read
+            data, extra = self._body.cut(data)
         if not self._events:
             self._keep_first_bytes(data)
         try:
@@ -200,8 +204,8 @@ class ClientStream(StreamConsumer):
             return
         if count:
             self._events += count
-            self._clock.events_read(stamp, self._accumulator.tokens)
-        if self._body.ended(self._accumulator.chunked_ended):
+            self._clock.events_read(stamp, self._accumulator)
+        if self._accumulator.chunked_ended if self._chunked else self._body.ended(False):
             self._complete()
             if extra:  # bytes after the response are not its body (RFC 9112 lets a client drop them)
                 self._after_end(data)
