@@ -244,11 +244,8 @@ class ClientStream(StreamConsumer):
             self._fail(_Stale())
         else:  # the bytes of the head so far were valid (httptools saw each read), but it stopped
             reason = f": {exc!r}" if exc is not None else ""
-            self._fail(
-                StreamConnectionError(
-                    f"POST {self._url} failed: the connection closed inside the response head{reason}"
-                )
-            )
+            message = f"POST {self._url} failed: the connection closed inside the response head{reason}"
+            self._fail(StreamConnectionError(message))
 
     # ---- outcome -------------------------------------------------------------------------------
     def _complete(self, *, eof: bool = False) -> None:
