@@ -17,10 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import urllib.parse
+import uuid
 from collections.abc import Callable, Mapping
+from types import EllipsisType
 from typing import TYPE_CHECKING, Any
 
+from fastaccum._control import AbortSender
 from fastaccum._http import Body, BodyFraming, Connection, ResponseHead, framing_of, header_lines, request_bytes
 from fastaccum._impl import StreamAccumulator
 from fastaccum._pacing import DEFAULT_COALESCE_MS, ReadPacer, Resumer
@@ -39,10 +43,18 @@ if TYPE_CHECKING:  # the old import paths of these, served lazily by __getattr__
     from fastaccum.aiohttp_stream import GenerateStream as GenerateStream
     from fastaccum.consumer import consume as consume
 
-__all__ = ("Client", "ClientStream", "DEFAULT_COALESCE_MS")
+__all__ = ("Client", "ClientStream", "DEFAULT_ABORT_DRAIN_S", "DEFAULT_COALESCE_MS")
 
 # Read size: asyncio's own default; every connection of a client reads into one such buffer.
 _READ_BUFFER_BYTES = 262144
+# How long abort() reads on for the terminal abort event: SGLang answers an abort at its next
+# decode step (milliseconds); a queued or retracted request at once.
+DEFAULT_ABORT_DRAIN_S = 2.0
+
+
+def _check_drain(seconds: object) -> None:
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0):
+        raise ValueError(f"abort_drain_s must be seconds >= 0 or None, not {seconds!r}")
 
 
 class _Stale(Exception):
@@ -68,11 +80,21 @@ class ClientStream(StreamConsumer):
         headers: Mapping[str, str] | None,
         read_timeout: float | None,
         coalesce_ms: float,
+        abort_drain_s: float | None,
     ) -> None:
         super().__init__(None, mode=mode, expert_shape=expert_shape, max_event_bytes=max_event_bytes)
         self._client = client
         self._url = client.base_url + path
+        rid = payload.get("rid")
+        if rid is None:
+            rid = client._new_rid()
+            payload = {**payload, "rid": rid}
+        self.rid: str | None = rid if isinstance(rid, str) else None  # a batch's list: no abort by rid
         self._request = request_bytes(client._prefix + path, client._headers, {**payload, "stream": True}, headers)
+        self._drain_s = abort_drain_s
+        self._drain_timer: asyncio.TimerHandle | None = None
+        self._sent = False  # the request was written: the server may hold it
+        self.abort_error: BaseException | None = None  # why a drain abort fell back to a cut
         window = max(0.0, coalesce_ms) / 1000.0
         if read_timeout is not None:
             window = min(window, read_timeout / 2)  # a window never looks like a silent server
@@ -123,6 +145,7 @@ class ClientStream(StreamConsumer):
             else:
                 self._clock.request_sent()
                 transport.write(self._request)
+                self._sent = True
                 self._timeout.arm(loop)
             try:
                 await self._waiter
@@ -135,7 +158,36 @@ class ClientStream(StreamConsumer):
                 continue
             break
         self._clock.end()
-        return dataclasses.replace(self._finish(), timing=self.timing)
+        if not self._abort_requested:
+            return dataclasses.replace(self._finish(), timing=self.timing)
+        try:  # drained: the terminal event, or the normal end if it won the race
+            result = self._finish()
+        except StreamError:
+            return self._aborted_result()  # the server closed without one: keep the prefix
+        if (result.finish_reason or {}).get("type") != "abort":
+            self._abort_requested = False
+        return dataclasses.replace(result, aborted=self._abort_requested, timing=self.timing)
+
+    # ---- abort ---------------------------------------------------------------------------------
+    def abort(self) -> None:
+        """Request-level abort. With a drain window (``abort_drain_s``, the default), the server is
+        asked to abort this rid and the stream reads on until the terminal abort event, which
+        carries the replay data (``result.replay_complete``); at the deadline, or if the abort
+        cannot be sent, the connection is closed and the prefix returned. Idempotent; an abort
+        that races the normal end returns the normal result."""
+        if self._abort_requested:
+            return
+        self._abort_requested = True
+        if self._drain_s is None or self.rid is None or not self._sent or self._waiter is None or self._waiter.done():
+            self._cut()
+            return
+        loop = asyncio.get_running_loop()
+        self._drain_timer = loop.call_later(self._drain_s, self._cut)
+        self._client._aborts.add(self.rid, self._abort_failed)
+
+    def _abort_failed(self, exc: BaseException) -> None:
+        self.abort_error = exc
+        self._cut()
 
     # ---- receivers (loop callbacks) ------------------------------------------------------------
     def _on_head(self, data: memoryview) -> None:
@@ -282,6 +334,9 @@ class ClientStream(StreamConsumer):
     def _stop_timers(self) -> None:
         self._paused = False
         self._timeout.cancel()
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
+            self._drain_timer = None
 
     def _feed_buffered(self) -> None:
         """At a cancel, feed what the kernel already holds for this stream (reading may be paused
@@ -315,6 +370,8 @@ class Client:
     one). ``connect_timeout`` seconds to connect, else ``StreamConnectionError``. ``headers`` go
     with every request (``stream(headers=...)`` adds to them per request, such as a router's
     ``X-SMG-Routing-Key``). ``coalesce_ms``: the read-coalescing window (0: off); docs/client.md.
+    ``abort_drain_s``: how long ``abort()`` reads on for the terminal abort event after asking the
+    server to abort the rid (None: close the connection at once); docs/client.md, "Abort".
     Plain ``http://`` only: for TLS, use ``GenerateStream`` on an aiohttp session.
     """
 
@@ -326,12 +383,14 @@ class Client:
         connect_timeout: float = 30.0,
         headers: Mapping[str, str] | None = None,
         coalesce_ms: float = DEFAULT_COALESCE_MS,
+        abort_drain_s: float | None = DEFAULT_ABORT_DRAIN_S,
     ) -> None:
         parts = urllib.parse.urlsplit(base_url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"Client needs an http://host[:port] URL, not {base_url!r} (TLS: use GenerateStream)")
         if max_connections is not None and max_connections < 1:
             raise ValueError(f"max_connections must be a positive int or None, not {max_connections!r}")
+        _check_drain(abort_drain_s)
         self._host = parts.hostname
         self._port = parts.port or 80
         self._prefix = parts.path.rstrip("/")
@@ -340,6 +399,10 @@ class Client:
         self._headers = header_lines({"Host": host_header, **(headers or {})})
         self._connect_timeout = connect_timeout
         self._coalesce_ms = coalesce_ms
+        self._abort_drain_s = abort_drain_s
+        self._aborts = AbortSender(self._base, header_lines(headers or {}))
+        self._rid_prefix = f"fa-{uuid.uuid4().hex[:12]}-"
+        self._rids = itertools.count()
         self._slots = asyncio.Semaphore(max_connections) if max_connections is not None else None
         self._idle: list[Connection] = []
         self._connections: set[Connection] = set()
@@ -362,6 +425,7 @@ class Client:
         self._idle.clear()
         for resumer in self._resumers.values():
             resumer.close()
+        self._aborts.close()
         await asyncio.sleep(0)  # let the transports' connection_lost callbacks run
 
     def stream(
@@ -375,9 +439,15 @@ class Client:
         headers: Mapping[str, str] | None = None,
         read_timeout: float | None = None,
         coalesce_ms: float | None = None,
+        abort_drain_s: float | None | EllipsisType = ...,
     ) -> ClientStream:
-        """One streaming POST of ``payload`` (sent as JSON with ``"stream": true``); nothing is sent
-        before ``run()``. ``coalesce_ms`` None takes the client's window."""
+        """One streaming POST of ``payload`` (sent as JSON with ``"stream": true`` and a ``rid``:
+        the payload's, else a new one); nothing is sent before ``run()``. ``coalesce_ms`` None
+        takes the client's window; ``abort_drain_s`` left out takes the client's."""
+        if abort_drain_s is ...:
+            abort_drain_s = self._abort_drain_s
+        else:
+            _check_drain(abort_drain_s)
         return ClientStream(
             self,
             payload,
@@ -388,6 +458,7 @@ class Client:
             headers=headers,
             read_timeout=read_timeout,
             coalesce_ms=self._coalesce_ms if coalesce_ms is None else coalesce_ms,
+            abort_drain_s=abort_drain_s,
         )
 
     @property
@@ -406,6 +477,11 @@ class Client:
     @property
     def idle_connections(self) -> int:
         return len(self._idle)
+
+    def _new_rid(self) -> str:
+        # One prefix per client and a fixed-width counter: no rid is a prefix of another, which
+        # matters because SGLang's scheduler aborts every rid that starts with the one asked for.
+        return f"{self._rid_prefix}{next(self._rids):012d}"
 
     # ---- pool ----------------------------------------------------------------------------------
     async def _acquire(self) -> Connection:

@@ -129,6 +129,10 @@ class StreamConsumer:
         if self._abort_requested:
             return
         self._abort_requested = True
+        self._cut()
+
+    def _cut(self) -> None:
+        """Stop reading now: run() returns what was kept (its connection is closed)."""
         task = self._task
         if task is not None and not task.done() and not self._abort_cancel_pending:
             self._abort_cancel_pending = True

@@ -60,10 +60,20 @@ class StreamResult:
     events: int = 0
     aborted: bool = False
     timing: StreamTiming | None = None  # set by fastaccum.Client; None from the core
+    indexer_topk: npt.NDArray[np.int32] | None = None
 
     @property
     def finished(self) -> bool:
         """A terminal finish_reason was received."""
+        return self.finish_reason is not None
+
+    @property
+    def replay_complete(self) -> bool:
+        """The result holds the request's terminal event: a normal finish, or an abort whose
+        terminal event was read (``Client``'s drain abort). Routed experts, top-p rows and the
+        indexer top-k come only in that event, so when this is False they are missing whatever
+        the server collected; when it is True they are what the server sent (none for a request
+        aborted before it ran)."""
         return self.finish_reason is not None
 
     def __len__(self) -> int:

@@ -89,6 +89,7 @@ class Transport:
     @contextlib.asynccontextmanager
     async def open(self, url: str, **client_options: Any) -> AsyncIterator[Make]:
         if self.kind == "aiohttp":
+            client_options.pop("abort_drain_s", None)  # GenerateStream's abort always cuts
             headers = client_options.get("headers")
             connector = aiohttp.TCPConnector(limit=client_options.get("max_connections") or 0)
             async with aiohttp.ClientSession(timeout=STREAM_TIMEOUT, connector=connector, headers=headers) as session:

@@ -90,6 +90,7 @@ def test_stream_result_fields() -> None:
         "events",
         "aborted",
         "timing",
+        "indexer_topk",
     ]
 
 

@@ -85,11 +85,11 @@ def test_sequential_completed_streams_share_one_connection(transport: Transport)
     assert len(emulator.peers) == 4 and len(set(emulator.peers)) == 1
 
 
-def test_an_aborted_stream_closes_its_connection(transport: Transport) -> None:
+def test_a_cut_abort_closes_its_connection(transport: Transport) -> None:
     emulator = CountingEmulator(token_rate=2000)
 
     async def main() -> None:
-        async with emulator as url, transport.open(url) as make:
+        async with emulator as url, transport.open(url, abort_drain_s=None) as make:
             stream = make(payload("ab-1", 100_000))
             task = asyncio.ensure_future(stream.run())
             await wait_until(lambda: stream.tokens >= 20)

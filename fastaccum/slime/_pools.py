@@ -89,6 +89,7 @@ def open_stream(
             headers=headers,
             read_timeout=settings.read_timeout,
             coalesce_ms=settings.coalesce_ms,  # per call: the setting may change between calls
+            abort_drain_s=None,
         )
     return GenerateStream(
         session(args),

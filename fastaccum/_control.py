@@ -1,0 +1,199 @@
+"""Control requests for ``fastaccum.Client``: the drain abort's ``POST /abort_request``.
+
+SGLang finishes a request aborted by rid through its normal output path, so a client that keeps
+reading gets a terminal event with what the server collected (routed experts, top-p rows, indexer
+top-k). ``AbortSender`` sends those aborts for one client: every abort asked for in one loop
+iteration goes out together, over at most ``PARALLEL`` keep-alive connections per server, never a
+connection per stream. A router (sglang-router, the model gateway) has no ``/abort_request``; it
+lists its workers at ``GET /workers``, and the abort goes to each of them (a worker ignores a rid
+it does not hold).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.parse
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import httptools
+import orjson
+
+from fastaccum._http import header_lines
+from fastaccum.errors import ServerError, StreamConnectionError
+
+__all__ = ("PARALLEL", "AbortSender", "worker_urls")
+
+# Connections per server for one batch of aborts.
+PARALLEL = 4
+# A control request that takes longer than this has failed: the stream is cut instead.
+CONTROL_TIMEOUT_S = 10.0
+
+
+class _Reply:
+    """One response read by httptools: status and body."""
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.body = bytearray()
+        self.complete = False
+        self.keep_alive = False
+        self.parser = httptools.HttpResponseParser(self)
+
+    def on_body(self, body: bytes) -> None:
+        self.body += body
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self.status = self.parser.get_status_code()
+        self.keep_alive = self.parser.should_keep_alive()  # the parser forgets it after this call
+
+
+class _Server:
+    """Where control requests go: one http:// base URL."""
+
+    def __init__(self, url: str, extra_headers: bytes = b"") -> None:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise StreamConnectionError(f"cannot send an abort to {url!r}: Client speaks plain http://")
+        self.url = url.rstrip("/")
+        self.host = parts.hostname
+        self.port = parts.port or 80
+        self.prefix = parts.path.rstrip("/")
+        self.head = header_lines({"Host": parts.netloc.rsplit("@", 1)[-1]}) + extra_headers
+
+    def request(self, method: str, path: str, body: Any = None) -> bytes:
+        data = b"" if body is None else orjson.dumps(body)
+        kind = b"Content-Type: application/json\r\n" if body is not None else b""
+        return b"%s %s HTTP/1.1\r\n%s%sContent-Length: %d\r\n\r\n%s" % (
+            method.encode(),
+            (self.prefix + path).encode("ascii"),
+            self.head,
+            kind,
+            len(data),
+            data,
+        )
+
+    async def exchange(self, requests: list[bytes]) -> list[_Reply]:
+        """Send the requests one after another on one keep-alive connection (a new one where the
+        server closed it); the replies in order."""
+        replies: list[_Reply] = []
+        writer = None
+        try:
+            async with asyncio.timeout(CONTROL_TIMEOUT_S):
+                reader = None
+                for request in requests:
+                    if writer is None or reader is None or reader.at_eof():
+                        if writer is not None:
+                            writer.close()
+                        reader, writer = await asyncio.open_connection(self.host, self.port)
+                    writer.write(request)
+                    reply = _Reply()
+                    while not reply.complete:
+                        data = await reader.read(65536)
+                        if not data:
+                            raise StreamConnectionError(f"{self.url} closed the connection before answering")
+                        reply.parser.feed_data(data)
+                    if not reply.keep_alive:
+                        writer.close()
+                        writer = None
+                    replies.append(reply)
+        except TimeoutError:
+            raise StreamConnectionError(f"{self.url} did not answer within {CONTROL_TIMEOUT_S} s") from None
+        except (OSError, httptools.HttpParserError) as exc:
+            raise StreamConnectionError(f"control request to {self.url} failed: {exc}") from None
+        finally:
+            if writer is not None:
+                writer.close()
+        return replies
+
+
+def worker_urls(answer: bytes) -> list[str]:
+    """The worker URLs in a router's ``GET /workers`` answer."""
+    try:
+        data = orjson.loads(answer)
+    except orjson.JSONDecodeError:
+        return []
+    items = data.get("workers", data.get("urls", [])) if isinstance(data, dict) else data
+    urls = []
+    for item in items if isinstance(items, list) else []:
+        url = item.get("url") if isinstance(item, dict) else item
+        if isinstance(url, str) and url.startswith("http://"):
+            urls.append(url)
+    return urls
+
+
+class AbortSender:
+    """The drain aborts of one client, sent in batches (one per loop iteration)."""
+
+    def __init__(self, base_url: str, extra_headers: bytes = b"") -> None:
+        self._base = _Server(base_url, extra_headers)
+        self._router: bool | None = None  # None until the first abort says which
+        self._pending: dict[str, Callable[[BaseException], None]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.sent = 0  # abort requests sent (each worker's count once); benchmarks read it
+
+    def add(self, rid: str, failed: Callable[[BaseException], None]) -> None:
+        """Abort ``rid`` on its server; ``failed(exc)`` if that cannot be done."""
+        if not self._pending:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._pending[rid] = failed
+
+    def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+
+    def _flush(self) -> None:
+        batch, self._pending = self._pending, {}
+        if batch:
+            task = asyncio.get_running_loop().create_task(self._send(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, batch: dict[str, Callable[[BaseException], None]]) -> None:
+        try:
+            if self._router is not True:
+                replies = await self._post(self._base, batch)
+                if replies[0].status in (404, 405) and self._router is None:
+                    self._router = True  # a router: it lists the workers that hold requests
+                else:
+                    self._router = False
+                    _check(self._base, replies)
+                    return
+            workers = await self._workers()
+            await asyncio.gather(*(self._post_checked(worker, batch) for worker in workers))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            for failed in batch.values():
+                failed(exc)
+
+    async def _post(self, server: _Server, rids: Iterable[str]) -> list[_Reply]:
+        requests = [server.request("POST", "/abort_request", {"rid": rid}) for rid in rids]
+        share = -(-len(requests) // PARALLEL)
+        parts = await asyncio.gather(
+            *(server.exchange(requests[i : i + share]) for i in range(0, len(requests), share))
+        )
+        self.sent += len(requests)
+        return [reply for part in parts for reply in part]
+
+    async def _post_checked(self, server: _Server, rids: Iterable[str]) -> None:
+        _check(server, await self._post(server, rids))
+
+    async def _workers(self) -> list[_Server]:
+        (reply,) = await self._base.exchange([self._base.request("GET", "/workers")])
+        urls = worker_urls(bytes(reply.body)) if reply.status == 200 else []
+        if not urls:
+            raise ServerError(
+                f"{self._base.url} has no /abort_request and lists no workers at /workers "
+                f"(HTTP {reply.status}): cannot abort by rid",
+                status=reply.status,
+            )
+        return [_Server(url) for url in urls]
+
+
+def _check(server: _Server, replies: list[_Reply]) -> None:
+    for reply in replies:
+        if not 200 <= reply.status < 300:
+            body = reply.body.decode("utf-8", errors="replace")[:200]
+            raise ServerError(f"POST {server.url}/abort_request: HTTP {reply.status}: {body}", status=reply.status)

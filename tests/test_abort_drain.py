@@ -1,0 +1,316 @@
+"""fastaccum.Client's drain abort, on both twins: ``abort()`` asks the server to abort the rid and
+reads on until the terminal abort event, so the result keeps what SGLang sends only there (routed
+experts, top-p rows); at the deadline, or when the abort cannot be sent, it cuts as before.
+
+GenerateStream (aiohttp) only cuts: test_transport.py covers the cut on both transports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from types import ModuleType
+from typing import Any
+
+import aiohttp
+import client_helpers
+import numpy as np
+import pytest
+from aiohttp import web
+from client_helpers import PROMPT, assert_matches, payload, run
+
+import fastaccum
+from fastaccum import ServerError, StreamResult
+from fastaccum._control import PARALLEL
+from fastaccum.emulator import ABORT_REASON, Emulator
+
+wait_until = functools.partial(client_helpers.wait_until, timeout=30.0)
+ECHO_REASON = {"type": "abort", "message": "Abort in waiting queue"}
+
+
+class AbortCountingEmulator(Emulator):
+    """The emulator, also recording every rid it was sent, and every /abort_request: its rid and
+    its connection."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.rids: list[str] = []
+        self.abort_rids: list[str] = []
+        self.abort_peers: set[Any] = set()
+
+    def make_app(self) -> web.Application:
+        app = super().make_app()
+
+        @web.middleware
+        async def record(request: web.Request, handler: Any) -> web.StreamResponse:
+            if request.path == "/generate":
+                self.rids.append((await request.json()).get("rid"))
+            if request.path == "/abort_request":
+                self.abort_rids.append((await request.json()).get("rid"))
+                self.abort_peers.add(request.transport.get_extra_info("peername") if request.transport else None)
+            return await handler(request)
+
+        app.middlewares.append(record)
+        return app
+
+
+async def _abort_after(stream: Any, tokens: int) -> StreamResult:
+    task = asyncio.ensure_future(stream.run())
+    await wait_until(lambda: stream.tokens >= tokens or task.done())
+    stream.abort()
+    result: StreamResult = await task
+    return result
+
+
+# ---- the terminal abort event is read --------------------------------------------------------
+
+
+@pytest.mark.parametrize("incremental", [False, True], ids=["cumulative", "incremental"])
+def test_a_drained_abort_keeps_the_routed_experts_of_every_kept_token(twin: ModuleType, incremental: bool) -> None:
+    emulator = AbortCountingEmulator(
+        incremental_streaming_output=incremental, enable_return_routed_experts=True, token_rate=2000
+    )
+
+    async def main() -> StreamResult:
+        async with emulator as url, fastaccum.Client(url) as client:
+            stream = client.stream(payload("d-1", 100_000, return_routed_experts=True), expert_shape=(4, 2))
+            result = await _abort_after(stream, 30)
+            assert client.idle_connections == 1  # the response ended: its connection is reused
+            return result
+
+    result = run(main())
+    assert result.aborted and result.replay_complete and result.finish_reason == ABORT_REASON
+    assert len(result) >= 30 and result.routed_experts is not None
+    assert result.routed_experts.shape == (len(PROMPT) + len(result) - 1, 4, 2)
+    assert_matches(emulator, "d-1", result, routed=True)
+    assert emulator.abort_rids == ["d-1"] and emulator.stats.disconnects == 0
+
+
+def test_a_drained_abort_keeps_a_top_p_row_per_kept_token(twin: ModuleType) -> None:
+    emulator = Emulator(token_rate=2000)
+    body = payload("tp-1", 100_000, sampling_params={"custom_params": {"return_top_p_token_ids": True}})
+
+    async def main() -> StreamResult:
+        async with emulator as url, fastaccum.Client(url) as client:
+            return await _abort_after(client.stream(body), 20)
+
+    result = run(main())
+    assert result.replay_complete and result.top_p_token_offsets is not None
+    assert len(result.top_p_token_offsets) == len(result) + 1
+    assert_matches(emulator, "tp-1", result, top_p=True)
+
+
+def test_a_request_aborted_in_the_queue_ends_with_the_echo(twin: ModuleType) -> None:
+    emulator = Emulator(max_running_requests=1, token_rate=2000)
+
+    async def main() -> StreamResult:
+        async with emulator as url, fastaccum.Client(url) as client:
+            first = asyncio.ensure_future(client.stream(payload("q-0", 100_000)).run())
+            stream = client.stream(payload("q-1", 50))
+            task = asyncio.ensure_future(stream.run())
+            await wait_until(lambda: emulator.queued == 1)
+            stream.abort()
+            result = await task
+            first.cancel()
+            return result
+
+    result = run(main())
+    assert result.aborted and result.replay_complete and len(result) == 0
+    assert result.finish_reason == ECHO_REASON
+
+
+def test_a_retracted_request_ends_with_the_echo_holding_its_tokens(twin: ModuleType) -> None:
+    emulator = Emulator(fault={"kind": "retract", "at": 5})
+
+    async def main() -> StreamResult:
+        async with emulator as url, fastaccum.Client(url) as client:
+            stream = client.stream(payload("r-1", 200))
+            task = asyncio.ensure_future(stream.run())
+            await wait_until(lambda: emulator.retracted == 1)
+            stream.abort()
+            return await task
+
+    result = run(main())
+    assert result.aborted and result.replay_complete and result.finish_reason == ECHO_REASON
+    assert len(result) == 6  # one more than the five events carried: the echo holds every decoded token
+    assert_matches(emulator, "r-1", result)
+
+
+def test_an_abort_racing_the_normal_end_returns_the_normal_result(twin: ModuleType) -> None:
+    emulator = Emulator()
+
+    async def main() -> StreamResult:
+        async with emulator as url, fastaccum.Client(url) as client:
+            stream = client.stream(payload("n-1", 40))
+            result = await stream.run()
+            stream.abort()  # after the end: nothing to do
+            return result
+
+    result = run(main())
+    assert not result.aborted and result.finish_reason == {"type": "length", "length": 40}
+
+
+# ---- when the server does not end the request -------------------------------------------------
+
+
+def test_the_deadline_cuts_a_drain_the_server_never_ends(twin: ModuleType) -> None:
+    emulator = Emulator(token_rate=2000)
+    emulator.abort = lambda *args, **kwargs: 0  # type: ignore[method-assign]  # answers 200, aborts nothing
+
+    async def main() -> tuple[StreamResult, float]:
+        async with emulator as url, fastaccum.Client(url, abort_drain_s=0.3) as client:
+            stream = client.stream(payload("dl-1", 1_000_000))
+            task = asyncio.ensure_future(stream.run())
+            await wait_until(lambda: stream.tokens >= 20)
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            stream.abort()
+            result = await task
+            elapsed = loop.time() - started
+            await wait_until(lambda: emulator.stats.disconnects == 1 and emulator.running == 0)
+            return result, elapsed
+
+    result, elapsed = run(main())
+    assert result.aborted and not result.replay_complete and not result.finished
+    assert elapsed >= 0.3  # it waited for the terminal event until the deadline
+    assert_matches(emulator, "dl-1", result)
+
+
+class NoAbortEndpoint(Emulator):
+    """A server with /generate only: no /abort_request and no /workers."""
+
+    def make_app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/generate", self._generate)
+        return app
+
+
+def test_an_abort_that_cannot_be_sent_cuts_at_once_and_says_why(twin: ModuleType) -> None:
+    emulator = NoAbortEndpoint(token_rate=2000)
+
+    async def main() -> tuple[StreamResult, Any]:
+        async with emulator as url, fastaccum.Client(url, abort_drain_s=30) as client:
+            stream = client.stream(payload("na-1", 1_000_000))
+            result = await _abort_after(stream, 20)
+            await wait_until(lambda: emulator.stats.disconnects == 1)
+            return result, stream.abort_error
+
+    result, error = run(main())
+    assert result.aborted and not result.replay_complete
+    assert isinstance(error, ServerError) and error.status == 404 and "no /abort_request" in str(error)
+
+
+# ---- where the abort goes, and how many --------------------------------------------------------
+
+
+def test_many_aborts_at_once_share_a_few_connections(twin: ModuleType) -> None:
+    emulator = AbortCountingEmulator(token_rate=500)
+    n = 64
+
+    async def main() -> list[StreamResult]:
+        async with emulator as url, fastaccum.Client(url) as client:
+            streams = [client.stream(payload(f"m-{i:03d}", 100_000)) for i in range(n)]
+            tasks = [asyncio.ensure_future(s.run()) for s in streams]
+            await wait_until(lambda: all(s.tokens >= 2 for s in streams))
+            for stream in streams:
+                stream.abort()
+            results = list(await asyncio.gather(*tasks))
+            assert emulator.running == 0
+            return results
+
+    results = run(main())
+    assert all(r.aborted and r.replay_complete and r.finish_reason == ABORT_REASON for r in results)
+    assert sorted(emulator.abort_rids) == [f"m-{i:03d}" for i in range(n)]
+    assert len(emulator.abort_peers) <= PARALLEL
+
+
+class FakeRouter:
+    """What a router offers the abort: /generate passed through to one worker, the worker list at
+    /workers, and no /abort_request."""
+
+    def __init__(self, workers: list[str]) -> None:
+        self.workers = workers
+        self._runner: web.AppRunner | None = None
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        async with aiohttp.ClientSession() as session, session.post(self.workers[0] + "/generate", data=body) as up:
+            async for piece in up.content.iter_any():
+                await response.write(piece)
+        await response.write_eof()
+        return response
+
+    async def _workers(self, request: web.Request) -> web.Response:
+        return web.json_response({"workers": [{"url": url} for url in self.workers]})
+
+    async def __aenter__(self) -> str:
+        app = web.Application()
+        app.router.add_post("/generate", self._generate)
+        app.router.add_get("/workers", self._workers)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        return f"http://127.0.0.1:{port}"
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+
+def test_through_a_router_the_abort_goes_to_every_listed_worker(twin: ModuleType) -> None:
+    holder = AbortCountingEmulator(enable_return_routed_experts=True, token_rate=2000)
+    other = AbortCountingEmulator()
+
+    async def main() -> StreamResult:
+        async with holder as url, other as other_url, FakeRouter([url, other_url]) as router:
+            async with fastaccum.Client(router) as client:
+                stream = client.stream(payload("rt-1", 100_000, return_routed_experts=True), expert_shape=(4, 2))
+                return await _abort_after(stream, 20)
+
+    result = run(main())
+    assert result.aborted and result.replay_complete and result.routed_experts is not None
+    assert_matches(holder, "rt-1", result, routed=True)
+    assert holder.abort_rids == ["rt-1"] and other.abort_rids == ["rt-1"]
+
+
+# ---- options ---------------------------------------------------------------------------------
+
+
+def test_a_client_made_rid_is_sent_and_none_is_a_prefix_of_another(twin: ModuleType) -> None:
+    emulator = AbortCountingEmulator()
+
+    async def main() -> list[str]:
+        async with emulator as url, fastaccum.Client(url) as client:
+            body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 3}}
+            streams = [client.stream(body) for _ in range(12)]
+            for stream in streams:
+                assert len(await stream.run()) == 3
+            return [s.rid for s in streams if s.rid is not None]
+
+    rids = run(main())
+    assert len(set(rids)) == 12 and len({len(r) for r in rids}) == 1  # equal length: no prefixes
+    assert emulator.rids == rids
+
+
+@pytest.mark.parametrize("bad", [-1, "2", True])
+def test_abort_drain_s_must_be_seconds_or_none(bad: Any) -> None:
+    with pytest.raises(ValueError, match="abort_drain_s"):
+        fastaccum.Client("http://127.0.0.1:1", abort_drain_s=bad)
+
+
+def test_no_drain_cuts_at_once(twin: ModuleType) -> None:
+    emulator = AbortCountingEmulator(token_rate=2000)
+
+    async def main() -> StreamResult:
+        async with emulator as url, fastaccum.Client(url, abort_drain_s=None) as client:
+            result = await _abort_after(client.stream(payload("c-1", 100_000)), 20)
+            await wait_until(lambda: emulator.stats.disconnects == 1)
+            return result
+
+    result = run(main())
+    assert result.aborted and not result.replay_complete and emulator.abort_rids == []
+    assert np.array_equal(result.token_ids[:20], emulator.expected("c-1", 20).token_ids)
