@@ -149,6 +149,10 @@ class ClientStream(StreamConsumer):
                 self._timeout.arm(loop)
             try:
                 await self._waiter
+            except StreamError:
+                if not self._abort_requested:
+                    raise
+                return self._aborted_result()  # the drain failed (an error event, a cut): the prefix
             except _Stale:
                 if attempt or not reused:
                     raise StreamConnectionError(
@@ -184,6 +188,8 @@ class ClientStream(StreamConsumer):
         loop = asyncio.get_running_loop()
         self._drain_timer = loop.call_later(self._drain_s, self._cut)
         self._client._aborts.add(self.rid, self._abort_failed)
+        self._pacer.window = 0.0  # the terminal event is read as it arrives, not a window later
+        self._resume_reading()
 
     def _abort_failed(self, exc: BaseException) -> None:
         self.abort_error = exc

@@ -1,5 +1,7 @@
-"""``generate``: one streaming ``/generate`` request per slime sample, and the four ways a rollout
-abort can end it (slime's own cancel or fastaccum's, a cut or the server-wide abort)."""
+"""``generate``: one streaming ``/generate`` request per slime sample, and the ways a rollout abort
+can end it: slime's own cancel or fastaccum's ``request_abort``, each ending the request by rid (a
+drain: the stream reads on to the server's terminal abort event), by closing the connection (a
+cut), or by the server-wide abort."""
 
 from __future__ import annotations
 
@@ -53,14 +55,15 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], eval
     stream = _pools.open_stream(args, settings, payload, expert_shape=expert_shape, headers=headers)
 
     # Who ends the call when the rollout is aborted: slime itself, on the line that cancels
-    # request-abortable calls, or fastaccum's request_abort on stock slime; by cutting this request
-    # or by the server-wide abort. Top-p rows arrive only in the terminal event, so a cut prefix
-    # could never carry them: such calls are ended by the server-wide abort, whose terminal chunk
-    # has the full CSR.
+    # request-abortable calls, or fastaccum's request_abort on stock slime; by ending this request
+    # (drained by rid, or cut) or by the server-wide abort. Top-p rows arrive only in the terminal
+    # event, so a cut prefix could never carry them: without the drain (the aiohttp transport, or
+    # fastaccum_abort_drain_s: null) such calls are ended by the server-wide abort.
     slime_cancels = has_in_tree_request_abort(state)
-    server_wide = settings.abort_mode == "server" or getattr(args, "rollout_top_p", 1.0) != 1.0
+    top_p = getattr(args, "rollout_top_p", 1.0) != 1.0
+    server_wide = settings.abort_mode == "server" or (top_p and not settings.drains)
     if slime_cancels and not server_wide:
-        outcome = await _cut_by_slime(args, sample, state, stream)
+        outcome = await _ended_by_slime(args, sample, state, stream, drain=settings.drains)
         if outcome is None:  # committed whole: the terminal event beat slime's abort
             return sample
         result = outcome
@@ -72,14 +75,20 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], eval
     else:
         result = await _cut_by_fastaccum(state, stream)
 
-    if result.aborted:
-        commit_prefix(args, sample, result, state.tokenizer)
-    else:
-        commit_terminal(args, sample, result, state.tokenizer)
+    _commit(args, sample, state, result)
     return sample
 
 
 generate.abort_mode = "request"  # type: ignore[attr-defined]  # the marker slime and request_abort read
+
+
+def _commit(args: Any, sample: Any, state: Any, result: StreamResult) -> None:
+    """A cut prefix as such; anything that ends with the request's terminal event (a drained abort
+    included) with its terminal bookkeeping, as a server-wide abort's chunk is."""
+    if result.aborted and not result.replay_complete:
+        commit_prefix(args, sample, result, state.tokenizer)
+    else:
+        commit_terminal(args, sample, result, state.tokenizer)
 
 
 def _payload(
@@ -122,8 +131,9 @@ def has_in_tree_request_abort(state: Any) -> bool:
 
 
 async def _cut_by_fastaccum(state: Any, stream: StreamConsumer) -> StreamResult:
-    """Stock slime: fastaccum's request_abort cuts this stream (abort() makes run() return the
-    observed prefix, aborted=True); any other cancellation of this task propagates unchanged."""
+    """Stock slime: fastaccum's request_abort aborts this stream (``abort()``: run() returns the
+    drained terminal abort event, or the observed prefix, aborted=True); any other cancellation of
+    this task propagates unchanged."""
     registry = _pools.registry()
     registry.request_streams.add(stream)
     try:
@@ -150,32 +160,42 @@ async def _run_unless_aborted(state: Any, stream: StreamConsumer) -> StreamResul
     return await stream.run()
 
 
-async def _cut_by_slime(args: Any, sample: Any, state: Any, stream: StreamConsumer) -> StreamResult | None:
+async def _ended_by_slime(
+    args: Any, sample: Any, state: Any, stream: StreamConsumer, *, drain: bool
+) -> StreamResult | None:
     """The request-abort slime line: slime's own abort cancels the task running this call.
 
     slime registers that task in ``state.cancellable_tasks`` before this call starts, and its
-    ``abort()`` removes it from the set, then cancels it. Exactly that cancellation is a cut:
-    the prefix is committed here, synchronously, so the sample holds it when the ``CancelledError``
-    reaches slime's wrapper (which marks the sample ABORTED). Returns None when the abort came
-    after the terminal event: the result is then committed here and the cancel withdrawn.
+    ``abort()`` removes it from the set, then cancels it. Exactly that cancellation ends the
+    request: with ``drain`` the stream runs in a task of its own, so the cancel leaves it reading,
+    and ``abort()`` asks the server to end the request, whose terminal abort event (routed experts,
+    top-p rows) is read; without, the stream is cut. Either way the result is committed here,
+    before the ``CancelledError`` reaches slime's wrapper (which marks the sample ABORTED). Returns
+    None when the abort came after the terminal event: the result is then committed here and the
+    cancel withdrawn.
     """
     task = asyncio.current_task()
     registered = task is not None and task in state.cancellable_tasks
+    reading = asyncio.ensure_future(_run_unless_aborted(state, stream)) if drain else None
     try:
-        return await _run_unless_aborted(state, stream)
+        if reading is None:
+            return await _run_unless_aborted(state, stream)
+        return await asyncio.shield(reading)
     except asyncio.CancelledError:
-        cut_by_abort = (
+        ended_by_abort = (
             task is not None
             and registered
             and state.aborted
             and task not in state.cancellable_tasks
             and task.cancelling() == 1  # a caller's own cancel on top makes it theirs
         )
-        if not cut_by_abort:
+        if reading is not None and not ended_by_abort:
+            reading.cancel()  # the caller's cancel: the stream's too
+        if not ended_by_abort:
             raise
-        kept = stream.kept()
+        kept = await _drained(stream, reading) if reading is not None else stream.kept()
         if kept.aborted:
-            commit_prefix(args, sample, kept, state.tokenizer)
+            _commit(args, sample, state, kept)
             raise
     # The terminal event won the race with the abort: the sample is complete, and re-raising would
     # make slime's wrapper mark a finished sample ABORTED and resume it past its end.
@@ -183,6 +203,17 @@ async def _cut_by_slime(args: Any, sample: Any, state: Any, stream: StreamConsum
     task.uncancel()
     commit_terminal(args, sample, kept, state.tokenizer)
     return None
+
+
+async def _drained(stream: StreamConsumer, reading: asyncio.Future[StreamResult]) -> StreamResult:
+    """The stream's result after ``abort()``: its terminal abort event, or at the drain deadline the
+    prefix; a second cancel of this task cuts it at once."""
+    stream.abort()
+    try:
+        return await reading
+    except asyncio.CancelledError:
+        reading.cancel()
+        raise
 
 
 @contextlib.contextmanager

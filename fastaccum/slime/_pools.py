@@ -89,7 +89,7 @@ def open_stream(
             headers=headers,
             read_timeout=settings.read_timeout,
             coalesce_ms=settings.coalesce_ms,  # per call: the setting may change between calls
-            abort_drain_s=None,
+            abort_drain_s=settings.abort_drain_s,
         )
     return GenerateStream(
         session(args),

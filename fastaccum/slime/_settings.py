@@ -6,7 +6,7 @@ import dataclasses
 import math
 from typing import Any
 
-from fastaccum.client import DEFAULT_COALESCE_MS
+from fastaccum.client import DEFAULT_ABORT_DRAIN_S, DEFAULT_COALESCE_MS
 
 __all__ = ("Settings", "router_url")
 
@@ -23,6 +23,7 @@ class Settings:
     abort_mode: str  # "request" | "server"
     transport: str  # "client" | "aiohttp"
     coalesce_ms: float
+    abort_drain_s: float | None  # None: a request-level abort cuts (closes the connection)
     idle_timeout: float
     idle_poll_interval: float
     read_timeout: float | None
@@ -53,6 +54,13 @@ class Settings:
             coalesce_ms = math.nan
         if not coalesce_ms >= 0:
             raise ValueError(f"fastaccum_coalesce_ms must be a number >= 0, not {raw_window!r}")
+        raw_drain = getattr(args, "fastaccum_abort_drain_s", DEFAULT_ABORT_DRAIN_S)
+        try:
+            abort_drain_s = None if raw_drain is None else float(raw_drain)
+        except (TypeError, ValueError):
+            abort_drain_s = math.nan
+        if abort_drain_s is not None and not abort_drain_s >= 0:
+            raise ValueError(f"fastaccum_abort_drain_s must be seconds >= 0 or null, not {raw_drain!r}")
         read_timeout = getattr(args, "fastaccum_read_timeout", None)
         max_event_bytes = getattr(args, "fastaccum_max_event_bytes", None)
         return cls(
@@ -60,12 +68,19 @@ class Settings:
             abort_mode=abort_mode,
             transport=transport,
             coalesce_ms=coalesce_ms,
+            abort_drain_s=abort_drain_s,
             idle_timeout=float(getattr(args, "fastaccum_idle_timeout", 30.0)),
             idle_poll_interval=float(getattr(args, "fastaccum_idle_poll_interval", 0.5)),
             read_timeout=None if read_timeout is None else float(read_timeout),
             max_event_bytes=None if max_event_bytes is None else int(max_event_bytes),
             check_server_mode=bool(getattr(args, "fastaccum_check_server_mode", True)),
         )
+
+    @property
+    def drains(self) -> bool:
+        """A request-level abort reads on to the terminal abort event (Client's drain abort), so
+        the call keeps what only that event carries (top-p rows, routed experts)."""
+        return self.transport == "client" and self.abort_drain_s is not None
 
 
 def router_url(args: Any) -> str:

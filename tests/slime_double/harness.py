@@ -152,12 +152,29 @@ def slime_env(kind: str, root: str, line: str | None = None, transport: str = "c
 
 # ---- the emulator on its own thread ------------------------------------------------------------
 class RouterEmulator(Emulator):
-    """The emulator doubling as slime's router: ``GET /workers`` lists itself as the one worker."""
+    """The emulator doubling as slime's router: ``GET /workers`` lists itself as the one worker.
+    It records every ``/abort_request`` body, to tell the server-wide abort from aborts by rid."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.abort_bodies: list[dict[str, Any]] = []
+
+    @property
+    def server_wide_aborts(self) -> int:
+        return sum(1 for body in self.abort_bodies if body.get("abort_all"))
+
+    @property
+    def aborted_rids(self) -> list[str]:
+        return [body["rid"] for body in self.abort_bodies if body.get("rid")]
 
     def make_app(self) -> web.Application:
         app = super().make_app()
         app.router.add_get("/workers", self._workers)
         return app
+
+    async def _abort_request(self, request: web.Request) -> web.Response:
+        self.abort_bodies.append(await request.json())
+        return await super()._abort_request(request)
 
     async def _workers(self, request: web.Request) -> web.Response:
         return web.json_response({"workers": [{"url": self.url}]})
@@ -432,6 +449,12 @@ async def _start_and_wait(emu: Emulator, coro: Any, tokens: int) -> asyncio.Task
     return task
 
 
+def drains(env: SlimeEnv) -> bool:
+    """A request-level abort ends the request by rid and reads its terminal abort event (fastaccum's
+    Client, the default transport); the aiohttp transport cuts the connection instead."""
+    return env.transport == "client"
+
+
 def generate_and_rm(env: SlimeEnv, args: Any, sample: Any) -> Any:
     """One sample the way slime's rollout runs it (on a request-abort line: inside the wrapper
     that registers the task for abort's cancel)."""
@@ -449,7 +472,8 @@ def assert_kept_what_was_sent(sample: Any, emulator: Emulator, rid: str, start: 
 
 
 def scenario_deliberate_cancel_then_resume(env: SlimeEnv, incremental: bool) -> None:
-    """request_abort keeps the observed prefix (ABORTED); the resume adds no duplicated token and
+    """request_abort keeps the observed prefix (ABORTED): drained, with the routing of every kept
+    position from the terminal abort event; cut, without. The resume adds no duplicated token and
     recomputes routing for the whole sequence (no routed_experts_start_len)."""
     with (
         emulator_thread(
@@ -473,7 +497,14 @@ def scenario_deliberate_cancel_then_resume(env: SlimeEnv, incremental: bool) -> 
         assert sample.weight_versions == ["default"]
         assert_kept_what_was_sent(sample, emu, "s000a00")
         assert sample.response == expected(emu, "s000a00", k).text(0, k)
-        assert "s000a00" in emu.stats.disconnected_rids and emu.stats.aborted == 0  # no server-wide abort
+        assert emu.server_wide_aborts == 0
+        if drains(env):  # ended by rid: the terminal abort event routed every kept position
+            assert emu.aborted_rids == ["s000a00"] and "s000a00" not in emu.stats.disconnected_rids
+            assert tuple(sample.rollout_routed_experts.shape) == (len(prompt_ids()) + k - 1, *emu.expert_shape)
+            rows = expected(emu, "s000a00", k, prompt_tokens=len(prompt_ids()), routed_experts=True).routed_experts
+            assert np.array_equal(sample.rollout_routed_experts.numpy(), rows)
+        else:
+            assert "s000a00" in emu.stats.disconnected_rids and emu.abort_bodies == []
         assert emu.running == 0  # request_abort returned with the server idle
 
         env.rollout.GenerateState(args).reset()
@@ -780,7 +811,7 @@ def scenario_mixed_group_abort_buffer_resume(env: SlimeEnv) -> None:
         for g in fresh:
             kept = any(s.status == env.Sample.Status.ABORTED and s.response_length > 0 for s in g)
             assert ([s.index for s in g] in buffered) == kept
-        assert emu.stats.aborted == 0  # request-level only: no server-wide abort was needed
+        assert emu.server_wide_aborts == 0  # request-level only: no server-wide abort was needed
 
 
 def scenario_idle_wait_and_fallback(env: SlimeEnv) -> None:
@@ -803,7 +834,7 @@ def scenario_idle_wait_and_fallback(env: SlimeEnv) -> None:
                 task = await _start_and_wait(emu, generate_and_rm(env, args, new_sample(env)), 5)
                 await fs.request_abort(args, 0)
                 await task
-                aborted_while_fastaccum_only = emu.stats.aborted
+                aborted_while_fastaccum_only = emu.server_wide_aborts
                 zombie.close()
                 return aborted_while_fastaccum_only, emu.running
 
@@ -821,12 +852,14 @@ def scenario_idle_wait_and_fallback(env: SlimeEnv) -> None:
             assert emu.running == 0
 
         env.run(quiet())
-        assert emu.stats.aborted == 0  # idle without any /abort_request
+        assert emu.server_wide_aborts == 0  # idle without the server-wide abort
+        assert emu.aborted_rids == (["s000a00"] if drains(env) else [])
 
 
-def scenario_top_p_falls_back_to_server_abort(env: SlimeEnv) -> None:
+def scenario_top_p_kept_at_abort(env: SlimeEnv) -> None:
     """With top-p replay the stream must end with its terminal chunk (the only one carrying the
-    CSR), so request_abort aborts server-wide; the resumed CSR covers every response token."""
+    CSR): drained, the abort by rid reads it; cut, request_abort aborts server-wide instead. The
+    resumed CSR covers every response token."""
     with emulator_thread(token_rate=400) as emu, wired(env, emu) as wiring:
         args = make_args(env, emu, rollout_top_p=0.9, rollout_max_response_len=5000, partial_rollout=True)
         env.http_utils.init_http_client(args)
@@ -835,17 +868,26 @@ def scenario_top_p_falls_back_to_server_abort(env: SlimeEnv) -> None:
 
         async def main() -> None:
             task = await _start_and_wait(emu, generate_and_rm(env, args, sample), 5)
-            if env.line == "request-abort":  # out of slime's cancel set, counted for its server-wide abort
-                state = env.rollout.GenerateState(args)
+            state, registry = env.rollout.GenerateState(args), _pools.registry()
+            if drains(env):  # request-abortable: ended by rid like any other call
+                if env.line == "request-abort":
+                    assert state.active_server_generations == 0 and len(state.cancellable_tasks) == 1
+                else:
+                    assert registry.server_generations == 0 and len(registry.request_streams) == 1
+            elif env.line == "request-abort":  # out of slime's cancel set, counted for its server-wide abort
                 assert state.active_server_generations == 1 and not state.cancellable_tasks
             else:
-                assert _pools.registry().server_generations == 1 and not _pools.registry().request_streams
+                assert registry.server_generations == 1 and not registry.request_streams
             await fs.request_abort(args, 0)
             await task
 
         env.run(main())
         k = sample.response_length
-        assert emu.stats.aborted >= 1 and sample.status == env.Sample.Status.ABORTED and k > 0
+        assert sample.status == env.Sample.Status.ABORTED and k > 0
+        if drains(env):
+            assert emu.aborted_rids == ["s000a00"] and emu.server_wide_aborts == 0
+        else:
+            assert emu.server_wide_aborts >= 1
         assert len(sample.rollout_top_p_token_offsets) == k + 1
         env.rollout.GenerateState(args).reset()
         env.run(fs.generate(args, sample, sampling_params(env, args)))
@@ -969,7 +1011,8 @@ def scenario_foreign_generate_keeps_stock_abort(env: SlimeEnv) -> None:
 def scenario_slime_abort_keeps_prefix(env: SlimeEnv, incremental: bool) -> None:
     """slime's own abort (no fastaccum rollout function) keeps the prefix on both lines: stock
     slime aborts server-wide and the terminal abort chunk is committed; slime with request-level
-    abort cancels the sample's task and generate commits the prefix before the cancel leaves it."""
+    abort cancels the sample's task, and generate ends the request (drained by rid, with the
+    terminal abort chunk; or cut) and commits before the cancel leaves it."""
     with (
         emulator_thread(
             incremental_streaming_output=incremental, token_rate=400, enable_return_routed_experts=True
@@ -993,6 +1036,11 @@ def scenario_slime_abort_keeps_prefix(env: SlimeEnv, incremental: bool) -> None:
             assert emu.stats.aborted >= 1 and emu.stats.written["s000a00"] == k
             # the terminal abort chunk carries routing for every position
             assert tuple(sample.rollout_routed_experts.shape) == (len(sample.tokens) - 1, *emu.expert_shape)
+        elif drains(env):
+            assert_kept_what_was_sent(sample, emu, "s000a00")
+            assert emu.aborted_rids == ["s000a00"] and emu.server_wide_aborts == 0
+            assert tuple(sample.rollout_routed_experts.shape) == (len(sample.tokens) - 1, *emu.expert_shape)
+            assert emu.running == 0 and "s000a00" not in emu.stats.disconnected_rids
         else:
             assert_kept_what_was_sent(sample, emu, "s000a00")
             assert emu.stats.aborted == 0 and sample.rollout_routed_experts is None  # none had arrived
@@ -1134,7 +1182,7 @@ SCENARIOS: list[tuple[str, Any, list[dict[str, Any]]]] = [
     ("evaluation_delegates", scenario_evaluation_delegates, [{}]),
     ("mixed_group_abort_buffer_resume", scenario_mixed_group_abort_buffer_resume, [{}]),
     ("idle_wait_and_fallback", scenario_idle_wait_and_fallback, [{}]),
-    ("top_p_falls_back_to_server_abort", scenario_top_p_falls_back_to_server_abort, [{}]),
+    ("top_p_kept_at_abort", scenario_top_p_kept_at_abort, [{}]),
     ("foreign_generate_keeps_stock_abort", scenario_foreign_generate_keeps_stock_abort, [{}]),
     (
         "in_tree_pitfalls",
