@@ -5,8 +5,9 @@ N streams with routed experts decode at ``--token-rate`` tokens/s each on ``--wo
 stream holds at least ``--min-tokens`` tokens, all are aborted at once, as a rollout abort does.
 Per abort mode it reports:
 
-- replay kept: the share of streams whose result holds the terminal event, and of those, the share
-  whose routed experts have ``prompt + kept - 1`` rows equal to the emulator's truth;
+- replay kept: the share of streams whose result holds the terminal event, the share with routed
+  experts, and of those, the share with ``prompt + kept - 1`` rows equal to the emulator's truth
+  (sglang-router 0.3.2 drops ``return_routed_experts`` from the request: none come through it);
 - abort to return: p50/p99/max seconds from ``abort()`` to ``run()`` returning, beside one decode
   step (1 / token rate) and a round trip (a ``GET /health``) measured in the same run;
 - abort requests sent, and whether every worker is idle when the abort returns.
@@ -23,6 +24,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -106,10 +108,11 @@ async def run_round(
         elapsed = time.perf_counter() - started
         sent = client._aborts.sent
     complete = [r for r in results if r.replay_complete]
-    rows_ok = 0
+    rows_ok = present = 0
     for stream, result in zip(live, results):
         if not result.replay_complete or result.routed_experts is None:
             continue
+        present += 1
         gen = truth.expected(stream.rid, len(result), prompt_tokens=len(PROMPT), routed_experts=True)
         if result.routed_experts.shape[0] == len(PROMPT) + len(result) - 1 and np.array_equal(
             result.routed_experts, gen.routed_experts
@@ -124,7 +127,8 @@ async def run_round(
         "drain_s": drain,
         "streams": streams,
         "replay_complete": len(complete) / streams,
-        "routed_rows_equal_truth": rows_ok / max(1, len(complete)),
+        "routed_experts_present": present / streams,
+        "routed_rows_equal_truth": rows_ok / max(1, present),
         "return_p50_s": _quantile(returned, 0.5),
         "return_p99_s": _quantile(returned, 0.99),
         "return_max_s": max(returned),
@@ -169,7 +173,8 @@ def main() -> None:
     try:
         url = urls[0]
         if args.router == "sglang":
-            from router_tier import start_router  # benchmarks/router_tier.py
+            sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+            from router_helpers import start_router
 
             router, url = start_router(urls)
         truth = Emulator(enable_return_routed_experts=True, seed=0)
@@ -190,7 +195,8 @@ def main() -> None:
     for r in report["rounds"]:
         mode = "cut" if r["drain_s"] is None else f"drain {r['drain_s']} s"
         print(
-            f"{mode:>12}: replay complete {r['replay_complete']:.0%}, rows = truth {r['routed_rows_equal_truth']:.0%}, "
+            f"{mode:>12}: replay complete {r['replay_complete']:.0%}, routed experts in {r['routed_experts_present']:.0%}"
+            f" (rows = truth in {r['routed_rows_equal_truth']:.0%}), "
             f"abort->return p50 {r['return_p50_s'] * 1e3:.1f} ms p99 {r['return_p99_s'] * 1e3:.1f} ms "
             f"max {r['return_max_s'] * 1e3:.1f} ms; {r['abort_requests']} abort requests; "
             f"busy after {r['busy_after']} (idle in {r['idle_after_s'] * 1e3:.0f} ms)"

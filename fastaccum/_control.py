@@ -152,16 +152,19 @@ class AbortSender:
 
     async def _send(self, batch: dict[str, Callable[[BaseException], None]]) -> None:
         try:
-            if self._router is not True:
-                replies = await self._post(self._base, batch)
-                if replies[0].status in (404, 405) and self._router is None:
-                    self._router = True  # a router: it lists the workers that hold requests
-                else:
-                    self._router = False
+            rids = list(batch)
+            if self._router is None:  # the first abort says which: one rid asked, the rest wait
+                replies = await self._post(self._base, rids[:1])
+                self._router = replies[0].status in (404, 405)  # a router lists the workers instead
+                if not self._router:
                     _check(self._base, replies)
-                    return
+                    rids = rids[1:]
+            if not self._router:
+                if rids:
+                    _check(self._base, await self._post(self._base, rids))
+                return
             workers = await self._workers()
-            await asyncio.gather(*(self._post_checked(worker, batch) for worker in workers))
+            await asyncio.gather(*(self._post_checked(worker, rids) for worker in workers))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -170,6 +173,8 @@ class AbortSender:
 
     async def _post(self, server: _Server, rids: Iterable[str]) -> list[_Reply]:
         requests = [server.request("POST", "/abort_request", {"rid": rid}) for rid in rids]
+        if not requests:
+            return []
         share = -(-len(requests) // PARALLEL)
         parts = await asyncio.gather(
             *(server.exchange(requests[i : i + share]) for i in range(0, len(requests), share))

@@ -7,6 +7,7 @@ loopback. tests/test_slime_real.py runs the same scenarios against real slime ch
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from router_helpers import ROUTER_AVAILABLE, start_router
 
 pytest.importorskip("torch")  # slime's Sample holds tensors; the double does too
 
@@ -31,6 +33,7 @@ def _load_harness() -> ModuleType:
 
 
 harness = _load_harness()
+fs = harness.fs
 
 
 @pytest.fixture(scope="module", params=[(line, t) for line in harness.LINES for t in harness.TRANSPORTS], ids="-".join)
@@ -43,3 +46,40 @@ def double(request: pytest.FixtureRequest) -> Any:
 @pytest.mark.parametrize(("scenario", "kwargs"), harness.scenario_params())
 def test_scenario(double: Any, scenario: Any, kwargs: dict[str, Any]) -> None:
     scenario(double, **kwargs)
+
+
+@pytest.mark.skipif(not ROUTER_AVAILABLE, reason="sglang-router is not installed (the test extra has it)")
+@pytest.mark.parametrize("line", harness.LINES)
+def test_request_abort_through_the_real_router(line: str) -> None:
+    """A rollout abort with fastaccum's request_abort, the streams going through sglang-router to
+    two workers: every sample keeps its prefix, drained by rid on the worker that holds it (the
+    router does not forward /abort_request); no server-wide abort is sent; the workers are idle
+    when request_abort returns."""
+    with (
+        harness.emulator_thread(token_rate=400) as first,
+        harness.emulator_thread(token_rate=400) as second,
+        harness.slime_env("double", harness.DOUBLE_ROOT, line) as env,
+    ):
+        proc, url = start_router([first.url, second.url])
+        try:
+            host, port = url.removeprefix("http://").split(":")
+            args = harness.make_args(env, first, rollout_max_response_len=100_000)
+            args.sglang_router_ip, args.sglang_router_port = host, int(port)
+            env.http_utils.init_http_client(args)
+            samples = [harness.new_sample(env, i) for i in range(8)]
+
+            async def main() -> None:
+                tasks = [asyncio.ensure_future(harness.generate_and_rm(env, args, s)) for s in samples]
+                await harness.wait_until(lambda: first.running + second.running == len(samples))
+                await harness.wait_until(lambda: first.stats.tokens + second.stats.tokens >= 8 * len(samples))
+                await fs.request_abort(args, 0)
+                await asyncio.gather(*tasks)
+                assert first.running == second.running == 0
+
+            env.run(main())
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    assert all(s.status == env.Sample.Status.ABORTED and s.response_length > 0 for s in samples)
+    assert first.server_wide_aborts == second.server_wide_aborts == 0
+    assert first.aborted_rids == second.aborted_rids and len(first.aborted_rids) == len(samples)
