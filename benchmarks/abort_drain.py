@@ -195,7 +195,8 @@ def main() -> None:
     for r in report["rounds"]:
         mode = "cut" if r["drain_s"] is None else f"drain {r['drain_s']} s"
         print(
-            f"{mode:>12}: replay complete {r['replay_complete']:.0%}, routed experts in {r['routed_experts_present']:.0%}"
+            f"{mode:>12}: replay complete {r['replay_complete']:.0%}, "
+            f"routed experts in {r['routed_experts_present']:.0%}"
             f" (rows = truth in {r['routed_rows_equal_truth']:.0%}), "
             f"abort->return p50 {r['return_p50_s'] * 1e3:.1f} ms p99 {r['return_p99_s'] * 1e3:.1f} ms "
             f"max {r['return_max_s'] * 1e3:.1f} ms; {r['abort_requests']} abort requests; "
