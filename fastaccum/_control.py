@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import urllib.parse
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import httptools
@@ -22,7 +22,7 @@ import orjson
 from fastaccum._http import header_lines
 from fastaccum.errors import ServerError, StreamConnectionError
 
-__all__ = ("PARALLEL", "AbortSender", "worker_urls")
+__all__ = ("PARALLEL", "AbortSender", "Drain", "with_rid", "worker_urls")
 
 # Connections per server for one batch of aborts.
 PARALLEL = 4
@@ -106,6 +106,41 @@ class _Server:
             if writer is not None:
                 writer.close()
         return replies
+
+
+def with_rid(payload: Mapping[str, Any], new_rid: Callable[[], str]) -> tuple[str | None, Mapping[str, Any]]:
+    """The request's rid (the payload's, else a new one added to it); None for a batch's list of
+    rids, which cannot be aborted one by one."""
+    rid = payload.get("rid")
+    if rid is None:
+        rid = new_rid()
+        payload = {**payload, "rid": rid}
+    return (rid if isinstance(rid, str) else None), payload
+
+
+class Drain:
+    """One stream's drain abort: the abort request, and the deadline after which ``cut()`` runs."""
+
+    def __init__(self, sender: AbortSender, rid: str | None, seconds: float, cut: Callable[[], None]) -> None:
+        self._sender, self._rid, self._seconds, self._cut = sender, rid, seconds, cut
+        self._timer: asyncio.TimerHandle | None = None
+        self.error: BaseException | None = None  # why the abort could not be sent
+
+    def start(self) -> None:
+        if self._rid is None:
+            self._cut()
+            return
+        self._timer = asyncio.get_running_loop().call_later(self._seconds, self._cut)
+        self._sender.add(self._rid, self._failed)
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _failed(self, exc: BaseException) -> None:
+        self.error = exc
+        self._cut()
 
 
 def worker_urls(answer: bytes) -> list[str]:

@@ -30,6 +30,7 @@ __all__ = (
     "ResponseHead",
     "framing_of",
     "header_lines",
+    "read_head",
     "request_bytes",
     "status_error",
 )
@@ -90,6 +91,14 @@ class Connection(asyncio.BufferedProtocol):
         transport = self.transport
         if transport is not None and not self.closed and not transport.is_reading():
             transport.resume_reading()  # an idle connection must notice the server closing it
+
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
 
     def close(self) -> None:
         self.closed = True
@@ -218,6 +227,17 @@ class ResponseHead:
 
     def on_message_complete(self) -> None:
         self.body_complete = True
+
+
+def read_head(head: ResponseHead, data: memoryview) -> tuple[ResponseHead, memoryview, int]:
+    """Feed a read to the head; past 1xx interim heads (100 Continue, 103 Early Hints), which the
+    final one follows. Returns the head, the read from its start, and ``feed()``'s answer."""
+    used = head.feed(data)
+    while used >= 0 and head.interim:
+        data = data[used:]
+        head = ResponseHead(head.url)
+        used = head.feed(data) if data else -1
+    return head, data, used
 
 
 def status_error(url: str, status: int, reason: str, body: str, location: str | None) -> ServerError:

@@ -29,8 +29,11 @@ _RESUME_SLACK = 0.02
 class ReadPacer:
     """Whether a stream pauses after a read: only while its windows pay off."""
 
-    def __init__(self, window: float) -> None:
-        self.window = window
+    def __init__(self, coalesce_ms: float, read_timeout: float | None = None) -> None:
+        window = max(0.0, coalesce_ms) / 1000.0
+        if read_timeout is not None:
+            window = min(window, read_timeout / 2)  # a window never looks like a silent server
+        self.window = window  # seconds
         self._paused_last = False  # the read before this one was followed by a window
 
     def should_pause(self, nbytes: int, events: int, gap: float) -> bool:

@@ -11,9 +11,10 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from fastaccum.errors import StreamTimeoutError
 from fastaccum.result import StreamTiming
 
-__all__ = ("GapHistogram", "ReadTimeout", "RequestClock", "now")
+__all__ = ("GapHistogram", "ReadTimeout", "RequestClock", "now", "timeout_error")
 
 now = time.monotonic
 
@@ -117,6 +118,13 @@ class RequestClock:
             events=events,
             reads=self.reads,
         )
+
+
+def timeout_error(url: str, seconds: float | None, status: int | None, events: int) -> StreamTimeoutError:
+    """The error of a read timeout: before the response head, or after ``events`` events."""
+    if status is None:
+        return StreamTimeoutError(f"no response from {url} within {seconds} s")
+    return StreamTimeoutError(f"no bytes from {url} for {seconds} s after {events} events", event_index=events)
 
 
 class ReadTimeout:

@@ -24,17 +24,25 @@ from collections.abc import Callable, Mapping
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any
 
-from fastaccum._control import AbortSender
-from fastaccum._http import Body, BodyFraming, Connection, ResponseHead, framing_of, header_lines, request_bytes
+from fastaccum._control import AbortSender, Drain, with_rid
+from fastaccum._http import (
+    Body,
+    BodyFraming,
+    Connection,
+    ResponseHead,
+    framing_of,
+    header_lines,
+    read_head,
+    request_bytes,
+)
 from fastaccum._impl import StreamAccumulator
 from fastaccum._pacing import DEFAULT_COALESCE_MS, ReadPacer, Resumer
-from fastaccum._timing import ReadTimeout, RequestClock
+from fastaccum._timing import ReadTimeout, RequestClock, timeout_error
 from fastaccum.consumer import AccumulatorLike, StreamConsumer
 from fastaccum.errors import (
     StreamConnectionError,
     StreamError,
     StreamFormatError,
-    StreamTimeoutError,
 )
 from fastaccum.result import StreamResult, StreamTiming
 
@@ -85,21 +93,10 @@ class ClientStream(StreamConsumer):
         super().__init__(None, mode=mode, expert_shape=expert_shape, max_event_bytes=max_event_bytes)
         self._client = client
         self._url = client.base_url + path
-        rid = payload.get("rid")
-        if rid is None:
-            rid = client._new_rid()
-            payload = {**payload, "rid": rid}
-        self.rid: str | None = rid if isinstance(rid, str) else None  # a batch's list: no abort by rid
+        self.rid, payload = with_rid(payload, client._new_rid)
         self._request = request_bytes(client._prefix + path, client._headers, {**payload, "stream": True}, headers)
-        self._drain_s = abort_drain_s
-        self._drain_timer: asyncio.TimerHandle | None = None
-        self._sent = False  # the request was written: the server may hold it
-        self.abort_error: BaseException | None = None  # why a drain abort fell back to a cut
-        window = max(0.0, coalesce_ms) / 1000.0
-        if read_timeout is not None:
-            window = min(window, read_timeout / 2)  # a window never looks like a silent server
-        self._window = window
-        self._pacer = ReadPacer(window)
+        self._drain = None if abort_drain_s is None else Drain(client._aborts, self.rid, abort_drain_s, self._cut)
+        self._pacer = ReadPacer(coalesce_ms, read_timeout)
         self._clock = RequestClock()
         self._timeout = ReadTimeout(self._clock, read_timeout, self._timed_out)
         self.status: int | None = None
@@ -123,11 +120,8 @@ class ClientStream(StreamConsumer):
             tokens=self._accumulator.tokens, bytes_received=self._bytes_received, events=self._events
         )
 
-    def snapshot(self) -> StreamResult:
-        return dataclasses.replace(super().snapshot(), timing=self.timing)
-
-    def kept(self) -> StreamResult:
-        return dataclasses.replace(super().kept(), timing=self.timing)
+    def _stamped(self, result: StreamResult) -> StreamResult:
+        return dataclasses.replace(result, timing=self.timing)
 
     # ---- request -------------------------------------------------------------------------------
     async def _read(self) -> StreamResult:
@@ -145,7 +139,6 @@ class ClientStream(StreamConsumer):
             else:
                 self._clock.request_sent()
                 transport.write(self._request)
-                self._sent = True
                 self._timeout.arm(loop)
             try:
                 await self._waiter
@@ -155,55 +148,37 @@ class ClientStream(StreamConsumer):
                 return self._aborted_result()  # the drain failed (an error event, a cut): the prefix
             except _Stale:
                 if attempt or not reused:
-                    raise StreamConnectionError(
-                        f"POST {self._url} failed: the connection closed before a response"
-                    ) from None
+                    message = f"POST {self._url} failed: the connection closed before a response"
+                    raise StreamConnectionError(message) from None
                 self._release()
                 continue
             break
         self._clock.end()
-        if not self._abort_requested:
-            return dataclasses.replace(self._finish(), timing=self.timing)
-        try:  # drained: the terminal event, or the normal end if it won the race
-            result = self._finish()
-        except StreamError:
-            return self._aborted_result()  # the server closed without one: keep the prefix
-        if (result.finish_reason or {}).get("type") != "abort":
-            self._abort_requested = False
-        return dataclasses.replace(result, aborted=self._abort_requested, timing=self.timing)
+        return self._stamped(self._finish_or_kept())
 
-    # ---- abort ---------------------------------------------------------------------------------
     def abort(self) -> None:
-        """Request-level abort. With a drain window (``abort_drain_s``, the default), the server is
-        asked to abort this rid and the stream reads on until the terminal abort event, which
-        carries the replay data (``result.replay_complete``); at the deadline, or if the abort
-        cannot be sent, the connection is closed and the prefix returned. Idempotent; an abort
-        that races the normal end returns the normal result."""
+        """Request-level abort: with ``abort_drain_s`` (the default) a drain: the server is asked to
+        abort this rid and the stream reads on to its terminal abort event; else, at the deadline,
+        or when the abort cannot be sent, a cut (docs/client.md, "Abort: drain or cut")."""
         if self._abort_requested:
             return
         self._abort_requested = True
-        if self._drain_s is None or self.rid is None or not self._sent or self._waiter is None or self._waiter.done():
+        if self._drain is None or not self._clock.sent or self._waiter is None or self._waiter.done():
             self._cut()
             return
-        loop = asyncio.get_running_loop()
-        self._drain_timer = loop.call_later(self._drain_s, self._cut)
-        self._client._aborts.add(self.rid, self._abort_failed)
+        self._drain.start()
         self._pacer.window = 0.0  # the terminal event is read as it arrives, not a window later
         self._resume_reading()
 
-    def _abort_failed(self, exc: BaseException) -> None:
-        self.abort_error = exc
-        self._cut()
+    @property
+    def abort_error(self) -> BaseException | None:  # why a drain abort fell back to a cut
+        return self._drain.error if self._drain is not None else None
 
     # ---- receivers (loop callbacks) ------------------------------------------------------------
     def _on_head(self, data: memoryview) -> None:
         self._clock.read()
         try:
-            used = self._head.feed(data)
-            while used >= 0 and self._head.interim:  # 100 Continue, 103 Early Hints: the real one follows
-                data = data[used:]
-                self._head = ResponseHead(self._url)
-                used = self._head.feed(data) if data else -1
+            self._head, data, used = read_head(self._head, data)
         except StreamFormatError as exc:
             self._fail(exc)
             return
@@ -222,9 +197,6 @@ class ClientStream(StreamConsumer):
         """Pick the receiver for what follows the head; False when the head already failed."""
         conn, head = self._conn, self._head
         assert conn is not None
-        if head.status == 101:
-            self._fail(StreamFormatError(f"{self._url} switched protocols (HTTP 101); Client speaks HTTP/1.1"))
-            return False
         if head.status >= 300:
             conn.receiver = self._on_error_body
             if head.body_complete:  # no body to wait for (Content-Length: 0, 304)
@@ -267,20 +239,15 @@ class ClientStream(StreamConsumer):
             self._complete()
             if extra:  # bytes after the response are not its body (RFC 9112 lets a client drop them)
                 self._after_end(data)
-        elif self._pacer.should_pause(len(data), count, stamp - previous):
-            conn = self._conn
-            assert conn is not None and conn.transport is not None
-            conn.transport.pause_reading()
+        elif self._pacer.should_pause(len(data), count, stamp - previous) and self._conn is not None:
+            self._conn.pause_reading()
             self._paused = True
-            self._client._resumer(self._window).add(self._resume_reading)
+            self._client._resumer(self._pacer.window).add(self._resume_reading)
 
     def _resume_reading(self) -> None:
-        if not self._paused:
-            return  # ended while paused
-        self._paused = False
-        conn = self._conn
-        if conn is not None and conn.transport is not None and not conn.closed:
-            conn.transport.resume_reading()
+        if self._paused and self._conn is not None:  # else it ended while paused
+            self._paused = False
+            self._conn.resume_reading()
 
     def _on_error_body(self, data: memoryview) -> None:
         self._clock.read()
@@ -330,23 +297,16 @@ class ClientStream(StreamConsumer):
             waiter.set_exception(exc)
 
     def _timed_out(self) -> None:
-        seconds = self._timeout.seconds
-        if self.status is None:
-            self._fail(StreamTimeoutError(f"no response from {self._url} within {seconds} s"))
-        else:
-            message = f"no bytes from {self._url} for {seconds} s after {self._events} events"
-            self._fail(StreamTimeoutError(message, event_index=self._events))
+        self._fail(timeout_error(self._url, self._timeout.seconds, self.status, self._events))
 
     def _stop_timers(self) -> None:
         self._paused = False
         self._timeout.cancel()
-        if self._drain_timer is not None:
-            self._drain_timer.cancel()
-            self._drain_timer = None
+        if self._drain is not None:
+            self._drain.cancel()
 
     def _feed_buffered(self) -> None:
-        """At a cancel, feed what the kernel already holds for this stream (reading may be paused
-        by the window), so the prefix holds every byte that arrived before it."""
+        # At a cancel, every byte the kernel holds (reading may be paused by the window) is fed.
         if self._conn is not None:
             self._conn.drain(lambda receiver: receiver != self._after_end)
 

@@ -117,7 +117,7 @@ class StreamConsumer:
     def snapshot(self) -> StreamResult:
         """The observed prefix (also after an error), ``aborted`` set if ``abort()`` was called."""
         result = self._accumulator.snapshot()
-        return dataclasses.replace(result, aborted=True) if self._abort_requested else result
+        return self._stamped(dataclasses.replace(result, aborted=True) if self._abort_requested else result)
 
     # ---- control -------------------------------------------------------------------------------
     def abort(self) -> None:
@@ -171,10 +171,28 @@ class StreamConsumer:
         (``aborted=False``), else the observed prefix (``aborted=True``). Never raises."""
         if self._accumulator.finished:
             try:
-                return self._accumulator.finish()
+                return self._stamped(self._accumulator.finish())
             except StreamError:
                 pass  # bytes after the terminal event: keep what was verified, as for any cut
-        return dataclasses.replace(self._accumulator.snapshot(), aborted=True)
+        return self._stamped(dataclasses.replace(self._accumulator.snapshot(), aborted=True))
+
+    def _stamped(self, result: StreamResult) -> StreamResult:
+        """A result as this transport hands it out (``Client`` adds its timing)."""
+        return result
+
+    def _finish_or_kept(self) -> StreamResult:
+        """``_finish()`` at the end of the body; after ``abort()`` (a transport that read on to the
+        terminal abort event), that event, the normal end if it won the race (``aborted=False``),
+        or what was kept if the body ended without one."""
+        if not self._abort_requested:
+            return self._finish()
+        try:
+            result = self._finish()
+        except StreamError:
+            return self._aborted_result()
+        if (result.finish_reason or {}).get("type") != "abort":
+            self._abort_requested = False
+        return dataclasses.replace(result, aborted=self._abort_requested)
 
     def _aborted_result(self) -> StreamResult:
         result = self.kept()

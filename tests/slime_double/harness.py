@@ -694,7 +694,7 @@ def scenario_second_router_gets_its_own_pool(env: SlimeEnv) -> None:
             assert sample.status == env.Sample.Status.TRUNCATED and sample.response_length == 200
             assert_call(sample, emu, rid, 0, 200, len(prompt_ids()))
         if env.transport == "client":
-            assert [stream._window for stream in wiring.streams] == [DEFAULT_COALESCE_MS / 1000, 0.0, 0.0]
+            assert [stream._pacer.window for stream in wiring.streams] == [DEFAULT_COALESCE_MS / 1000, 0.0, 0.0]
             urls = [f"http://{emu.host}:{emu.port}" for emu in (first, second)]
             assert all(clients[url].base_url == url for url in urls)
             assert all(client.closed for client in clients.values())
