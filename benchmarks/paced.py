@@ -29,6 +29,7 @@ import sys
 import time
 from typing import Any
 
+NOT_FOUND = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
 TOKENS_PER_S = 100.0  # per stream: a decode rate typical of a loaded RL rollout server
 PROMPT = list(range(1, 17))
 CONFIGS = {"256x400-i1": (256, 400, 1), "1024x100-i1": (1024, 100, 1), "256x400-i20": (256, 400, 20)}
@@ -65,8 +66,16 @@ def serve(tokens: int, interval: int) -> None:
 
         def data_received(self, data: bytes) -> None:
             self.buf += data
+            if self.buf.startswith(b"PRI "):  # a router's HTTP/2 probe: this server speaks HTTP/1.1
+                self.transport.close()
+                return
             end = self.buf.find(b"\r\n\r\n")
             if end < 0:
+                return
+            if self.buf.startswith(b"GET "):  # a router's health and info checks
+                found = self.buf.startswith((b"GET /health ", b"GET /server_info "))
+                self.buf = self.buf[end + 4 :]
+                self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}" if found else NOT_FOUND)
                 return
             length = int(self.buf.lower().split(b"content-length:")[1].split(b"\r\n")[0])
             if len(self.buf) < end + 4 + length:
@@ -193,7 +202,8 @@ def client_child(kind: str, url: str, streams: int, tokens: int) -> dict[str, An
 # ---- driver -------------------------------------------------------------------------------------
 
 
-def measure(name: str, repeat: int, clients: tuple[str, ...] = CLIENTS) -> dict[str, Any]:
+def measure(name: str, repeat: int, clients: tuple[str, ...] = CLIENTS, *, router: bool = False) -> dict[str, Any]:
+    """``router``: the clients stream through sglang-router (PyPI) in front of the paced server."""
     streams, tokens, interval = CONFIGS[name]
     server = subprocess.Popen(
         [sys.executable, __file__, "--serve", str(tokens), str(interval)],
@@ -203,6 +213,12 @@ def measure(name: str, repeat: int, clients: tuple[str, ...] = CLIENTS) -> dict[
     )
     assert server.stdout is not None and server.stdin is not None
     url = server.stdout.readline().strip()
+    gateway = None
+    if router:
+        sys.path.insert(0, os.path.join(HERE, os.pardir, "tests"))
+        from router_helpers import start_router
+
+        gateway, url = start_router([url])
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in clients}
     try:
         for _ in range(repeat):
@@ -216,6 +232,9 @@ def measure(name: str, repeat: int, clients: tuple[str, ...] = CLIENTS) -> dict[
                     raise RuntimeError(f"{c}: {proc.stderr.strip()[-2000:]}")
                 runs[c].append(json.loads(proc.stdout.strip().splitlines()[-1]))
     finally:
+        if gateway is not None:
+            gateway.terminate()
+            gateway.wait(30)
         server.stdin.close()
         server.wait(30)
     out: dict[str, Any] = {"streams": streams, "tokens": tokens, "interval": interval, "clients": {}}
@@ -260,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--clients", default=",".join(CLIENTS))
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--router", action="store_true", help="also stream through sglang-router (PyPI)")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "paced.json"))
     parser.add_argument("--serve", nargs=2, type=int, help=argparse.SUPPRESS)
     parser.add_argument("--client", nargs=4, help=argparse.SUPPRESS)
@@ -271,7 +291,11 @@ def main(argv: list[str] | None = None) -> int:
         kind, url, streams, tokens = args.client
         print(json.dumps(client_child(kind, url, int(streams), int(tokens))))
         return 0
-    report = {name: measure(name, args.repeat, tuple(args.clients.split(","))) for name in args.configs.split(",")}
+    clients = tuple(args.clients.split(","))
+    report = {name: measure(name, args.repeat, clients) for name in args.configs.split(",")}
+    if args.router:
+        for name in args.configs.split(","):
+            report[f"{name} via router"] = measure(name, args.repeat, clients, router=True)
     print(table(report))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
