@@ -89,7 +89,7 @@ def test_a_drained_abort_reaches_the_worker_that_holds_the_request(twin: ModuleT
     workers = (Emulator(token_rate=500), Emulator(token_rate=500))
 
     async def main() -> tuple[StreamResult, Emulator]:
-        async with workers[0], workers[1], routed(*workers) as url, fastaccum.Client(url) as client:
+        async with workers[0], workers[1], routed(*workers) as url, fastaccum.Client(url, abort_drain_s=60) as client:
             stream = client.stream(payload("dr-1", 100_000))
             task = asyncio.ensure_future(stream.run())
             await wait_until(lambda: stream.tokens >= 10)
@@ -109,7 +109,8 @@ def test_a_rollout_abort_of_many_streams_leaves_every_worker_idle(twin: ModuleTy
     n = 128
 
     async def main() -> tuple[list[StreamResult], int]:
-        async with workers[0], workers[1], routed(*workers) as url, fastaccum.Client(url) as client:
+        # A deadline a loaded CI machine cannot reach: what is tested is where the aborts go.
+        async with workers[0], workers[1], routed(*workers) as url, fastaccum.Client(url, abort_drain_s=60) as client:
             streams = [client.stream(payload(f"ra-{i:04d}", 100_000)) for i in range(n)]
             tasks = [asyncio.ensure_future(s.run()) for s in streams]
             await wait_until(lambda: all(s.tokens >= 2 for s in streams))
