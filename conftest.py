@@ -63,7 +63,8 @@ class Outcomes:
         """Every field equal, arrays byte for byte (NaN positions included)."""
         for name in ("mode", "text", "events", "finish_reason", "meta_info", "completion_tokens", "aborted"):
             assert getattr(a, name) == getattr(b, name), name
-        for name in ("token_ids", "logprobs", "top_p_token_ids", "top_p_token_offsets", "routed_experts"):
+        arrays = ("token_ids", "logprobs", "top_p_token_ids", "top_p_token_offsets", "routed_experts", "indexer_topk")
+        for name in arrays:
             x, y = getattr(a, name), getattr(b, name)
             assert (x is None) == (y is None), name
             if x is not None:

@@ -60,13 +60,15 @@ class AccumulatorBase:
     _chunks: _Chunks | None  # feed_chunked()'s decoder, None until first used
     _mode: str
     _expert_shape: tuple[int, int] | None
+    _indexer_shape: tuple[int, int] | None
+    _routed_start: int
     _ids: _Buffer  # int32 token ids
     _logprobs: _Buffer  # float64
     _has_logprobs: bool | None
     _text_parts: list[str] | None
     _top_p: list[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]] | None  # (ids, offsets) per event
     _top_p_rows: int | None  # rows held; None: no event carried top-p
-    _routed: npt.NDArray[np.int32] | None
+    _replay: dict[str, npt.NDArray[np.int32]] | None  # routed_experts, indexer_topk
     _finish_reason: dict[str, Any] | None
     _meta: dict[str, Any]
     _events: int
@@ -81,11 +83,15 @@ class AccumulatorBase:
         *,
         expert_shape: tuple[int, int] | None = None,
         max_event_bytes: int | None = None,
+        indexer_shape: tuple[int, int] | None = None,
+        routed_start: int = 0,
     ) -> None:
-        check_options(mode, expert_shape, max_event_bytes)
+        check_options(mode, expert_shape, max_event_bytes, indexer_shape, routed_start)
         # The modes are MODES' own str objects: the compiled twin compares them by identity.
         self._mode = MODES[MODES.index(mode)]
         self._expert_shape = expert_shape
+        self._indexer_shape = indexer_shape
+        self._routed_start = routed_start
         self._error = None
         self._result = None
         self._start(max_event_bytes)
@@ -112,9 +118,9 @@ class AccumulatorBase:
         added: int,
         prompt: int,
         completion: int,
-        routed_raw: Any = None,
-    ) -> tuple[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], bool] | None, npt.NDArray[np.int32] | None]:
-        """An event's top-p rows and routed experts, decoded and checked (fastaccum._policy
+        streamed: Any = None,
+    ) -> tuple[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], bool] | None, dict[str, Any] | None]:
+        """An event's top-p rows and replay arrays, decoded and checked (fastaccum._policy
         .read_arrays; ``parsed`` None: an event the compiled twin's scanner read), or (None, None)
         when neither the event nor the stream carries any. Validation only: nothing is kept."""
         if self._top_p_rows is None and (parsed is None or ARRAY_KEYS.isdisjoint(parsed.meta)):
@@ -129,7 +135,9 @@ class AccumulatorBase:
             expert_shape=self._expert_shape,
             prompt=prompt,
             completion=completion,
-            routed_raw=routed_raw,
+            indexer_shape=self._indexer_shape,
+            routed_start=self._routed_start,
+            streamed=streamed,
         )
 
     def _commit_parsed(
@@ -137,19 +145,19 @@ class AccumulatorBase:
         meta: dict[str, Any],
         finish: dict[str, Any] | None,
         top_p: tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], bool] | None,
-        routed: npt.NDArray[np.int32] | None,
+        replay: dict[str, npt.NDArray[np.int32]] | None,
     ) -> None:
         """The last step of a twin's commit of an event parsed by orjson (every event in the pure
         twin; terminal and unusual ones in the compiled twin): what only such an event carries.
-        ``top_p``: read_top_p's answer. Cannot fail."""
+        ``top_p``: read_top_p's answer; ``replay``: read_arrays' replay arrays. Cannot fail."""
         if top_p is not None:
             ids, offsets, replace = top_p
             if replace or self._top_p is None or self._top_p_rows is None:
                 self._top_p, self._top_p_rows = [], 0
             self._top_p.append((ids, offsets))  # joined once, when a result is built
             self._top_p_rows += offsets.shape[0] - 1
-        if routed is not None:
-            self._routed = routed
+        if replay:
+            self._replay = replay if self._replay is None else {**self._replay, **replay}
         if finish is not None:
             self._finish_reason = finish
         self._meta = meta  # filtered once, when a result is built
@@ -230,7 +238,7 @@ class AccumulatorBase:
             finish_reason=self._finish_reason,
             meta=self._meta_dict(),
             top_p=self._top_p,
-            routed=self._routed,
+            replay=self._replay,
             events=self._events,
         )
         if result.text is not None:
@@ -244,10 +252,12 @@ STATE: tuple[str, ...] = tuple(AccumulatorBase.__annotations__)
 STATE_WRITTEN: tuple[str, ...] = (
     "_mode",
     "_expert_shape",
+    "_indexer_shape",
+    "_routed_start",
     "_text_parts",
     "_top_p",
     "_top_p_rows",
-    "_routed",
+    "_replay",
     "_finish_reason",
     "_meta",
     "_error",

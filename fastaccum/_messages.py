@@ -40,7 +40,7 @@ __all__ = (
     "bad_offsets",
     "top_p_half",
     "top_p_rows",
-    "routed_size",
+    "replay_size",
     "bad_option",
     "not_bytes",
     "fed_after_finish",
@@ -191,6 +191,7 @@ _RULES = {
     "no_total": "meta_info has no completion_tokens",
     "echo_no_total": "abort echo without completion_tokens",
     "routed_no_prompt": "routed_experts without prompt_tokens cannot be checked against expert_shape",
+    "indexer_no_prompt": "indexer_topk without prompt_tokens cannot be checked against indexer_shape",
 }
 
 
@@ -277,15 +278,17 @@ def top_p_rows(index: int, mode: str, rows: int | None, added: int, total: int) 
     )
 
 
-def routed_size(index: int, mode: str, size: int, prompt: int, done: int, shape: tuple[int, int]) -> StreamLengthError:
+def replay_size(
+    index: int, mode: str, key: str, size: int, rows: tuple[int, int, int], shape: tuple[int, int]
+) -> StreamLengthError:
+    """A replay array (routed_experts, indexer_topk) whose size is not rows x layers x topk, with
+    rows = prompt + completion - 1 - start."""
+    prompt, done, start = rows
     layers, topk = shape
-    expected = max(prompt + done - 1, 0) * layers * topk
+    expected = max(prompt + done - 1 - start, 0) * layers * topk
+    counted = f"{prompt} + {done} - 1" + (f" - {start}" if start else "")
     return bad_length(
-        index,
-        mode,
-        f"routed_experts has {size} values; expected ({prompt} + {done} - 1) x {layers} x {topk} = {expected}",
-        expected,
-        size,
+        index, mode, f"{key} has {size} values; expected ({counted}) x {layers} x {topk} = {expected}", expected, size
     )
 
 
@@ -297,6 +300,8 @@ def bad_option(name: str, value: object) -> ValueError:
     domain = {
         "mode": "'auto', 'cumulative' or 'incremental'",
         "expert_shape": "(num_layers, topk) positive ints",
+        "indexer_shape": "(num_indexer_layers, index_topk) positive ints",
+        "routed_start": "a non-negative int",
         "max_event_bytes": "a non-negative int or None",
     }[name]
     return ValueError(f"{name} must be {domain}, not {value!r}")

@@ -11,7 +11,7 @@ docs/core.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -31,7 +31,7 @@ from fastaccum._messages import (
     not_an_object,
     not_bytes,
     not_json,
-    routed_size,
+    replay_size,
     server_error,
     top_p_half,
     top_p_rows,
@@ -59,7 +59,7 @@ __all__ = (
     "echo_text",
     "read_arrays",
     "read_top_p",
-    "read_routed",
+    "read_replay",
     "decode_int32",
     "int32_array",
     "build_result",
@@ -80,12 +80,16 @@ B64_KEYS: tuple[str, ...] = (
     "top_p_kept_token_ids",
     "top_p_kept_token_offsets",
     "routed_experts",
+    "indexer_topk",
 )
+# The replay arrays: collected when a request finishes, sent once, in its terminal event.
+REPLAY_KEYS: tuple[str, ...] = ("routed_experts", "indexer_topk")
 _TOP_P_PAIRS = (
     ("top_p_token_ids", "top_p_token_offsets"),
     ("top_p_kept_token_ids", "top_p_kept_token_offsets"),
 )
 TOP_P_KEYS = frozenset(key for pair in _TOP_P_PAIRS for key in pair)
+REPLAY_KEYS_SET = frozenset(REPLAY_KEYS)
 ARRAY_KEYS = frozenset(B64_KEYS)
 # Token-aligned lists (sliced per event in incremental mode) and the decoded base64 arrays are
 # returned as arrays, not repeated in meta_info.
@@ -104,18 +108,25 @@ _DROPPED_META = frozenset(
 # ---- stream guards ----------------------------------------------------------------------------
 
 
-def check_options(mode: object, expert_shape: object, max_event_bytes: object) -> None:
+def check_options(
+    mode: object,
+    expert_shape: object,
+    max_event_bytes: object,
+    indexer_shape: object = None,
+    routed_start: object = 0,
+) -> None:
     """The constructor's arguments, checked in order; the first wrong one raises ValueError."""
     if mode not in MODES:
         raise bad_option("mode", mode)
-    if expert_shape is not None and (
-        not isinstance(expert_shape, tuple)
-        or len(expert_shape) != 2
-        or any(type(x) is not int or x <= 0 for x in expert_shape)
-    ):
-        raise bad_option("expert_shape", expert_shape)
+    for name, shape in (("expert_shape", expert_shape), ("indexer_shape", indexer_shape)):
+        if shape is not None and (
+            not isinstance(shape, tuple) or len(shape) != 2 or any(type(x) is not int or x <= 0 for x in shape)
+        ):
+            raise bad_option(name, shape)
     if max_event_bytes is not None and (type(max_event_bytes) is not int or max_event_bytes < 0):
         raise bad_option("max_event_bytes", max_event_bytes)
+    if type(routed_start) is not int or routed_start < 0:
+        raise bad_option("routed_start", routed_start)
 
 
 def refused_feed(data: object, error: StreamError | None, finished: bool, method: str = "feed") -> Exception:
@@ -357,31 +368,35 @@ def read_top_p(
     raise top_p_rows(index, mode, rows, added, total)
 
 
-# ---- routed experts ---------------------------------------------------------------------------
+# ---- replay arrays: routed experts, indexer top-k ----------------------------------------------
 
 
-def read_routed(
-    routed: npt.NDArray[np.int32],
+def read_replay(
+    raw: npt.NDArray[np.int32],
     *,
     index: int,
-    expert_shape: tuple[int, int] | None,
+    key: str,
+    shape: tuple[int, int] | None,
+    start: int,
     mode: str,
     prompt: int,
     completion: int,
     total: int,
 ) -> npt.NDArray[np.int32]:
-    """The decoded routed_experts, checked against expert_shape and reshaped to (rows, layers,
-    topk) when it is given."""
-    if expert_shape is None:
-        return routed
+    """A decoded replay array, checked against ``shape`` (layers, topk) and reshaped to (rows,
+    layers, topk) when it is given. SGLang's rule for both: a row per position but the last,
+    from ``start`` on (routed_experts_start_len; the indexer top-k has none): rows = prompt +
+    completion - 1 - start."""
+    if shape is None:
+        return raw
     if prompt == ABSENT:
-        raise broken(index, "routed_no_prompt")
-    layers, topk = expert_shape
+        raise broken(index, "routed_no_prompt" if key == "routed_experts" else "indexer_no_prompt")
+    layers, topk = shape
     done = completion if completion != ABSENT else total
-    rows = prompt + done - 1
-    if rows < 0 or routed.shape[0] != max(rows, 0) * layers * topk:
-        raise routed_size(index, mode, routed.shape[0], prompt, done, expert_shape)
-    return routed.reshape(rows, layers, topk)
+    rows = prompt + done - 1 - start
+    if rows < 0 or raw.shape[0] != max(rows, 0) * layers * topk:
+        raise replay_size(index, mode, key, raw.shape[0], (prompt, done, start), shape)
+    return raw.reshape(rows, layers, topk)
 
 
 # ---- both arrays -------------------------------------------------------------------------------
@@ -398,33 +413,43 @@ def read_arrays(
     expert_shape: tuple[int, int] | None,
     prompt: int,
     completion: int,
-    routed_raw: Any = None,
-) -> tuple[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], bool] | None, npt.NDArray[np.int32] | None]:
-    """This event's top-p (read_top_p's answer) and routed experts (decoded and checked by
-    read_routed; None without them), for an event that carries either or a stream that holds
-    top-p (``parsed``, ``rows_held``: as read_top_p). ``routed_raw``: the routed_experts bytes
-    already decoded while the event arrived (the compiled twin's streamed decode), else None."""
+    indexer_shape: tuple[int, int] | None = None,
+    routed_start: int = 0,
+    streamed: Mapping[str, Any] | None = None,
+) -> tuple[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], bool] | None, dict[str, npt.NDArray[np.int32]] | None]:
+    """This event's top-p (read_top_p's answer) and replay arrays (``{key: array}``, decoded and
+    checked by read_replay; None without any), for an event that carries either or a stream that
+    holds top-p (``parsed``, ``rows_held``: as read_top_p). ``streamed``: the replay values the
+    compiled twin decoded while the event arrived (key -> decoded bytes), else None."""
     meta = parsed.meta if parsed is not None else None
     top_p = None
     if rows_held is not None or (meta is not None and not TOP_P_KEYS.isdisjoint(meta)):
         top_p = read_top_p(parsed, index=index, mode=mode, held=held, added=added, rows_held=rows_held)
-    routed = None
-    if parsed is not None and "routed_experts" in parsed.meta:
-        if routed_raw is not None:
-            raw = int32_array(index, "routed_experts", routed_raw)
-        else:
-            value = parsed.meta["routed_experts"]
-            raw = decode_int32(index, "routed_experts", value, parsed.data, parsed.spans.get("routed_experts"))
-        routed = read_routed(
-            raw,
-            index=index,
-            expert_shape=expert_shape,
-            mode=mode,
-            prompt=prompt,
-            completion=completion,
-            total=held + added,
-        )
-    return top_p, routed
+    replay = None
+    if parsed is not None and not REPLAY_KEYS_SET.isdisjoint(parsed.meta):
+        replay = {}
+        for key, shape, start in (
+            ("routed_experts", expert_shape, routed_start),
+            ("indexer_topk", indexer_shape, 0),
+        ):
+            if key not in parsed.meta:
+                continue
+            if streamed is not None and key in streamed:
+                raw = int32_array(index, key, streamed[key])
+            else:
+                raw = decode_int32(index, key, parsed.meta[key], parsed.data, parsed.spans.get(key))
+            replay[key] = read_replay(
+                raw,
+                index=index,
+                key=key,
+                shape=shape,
+                start=start,
+                mode=mode,
+                prompt=prompt,
+                completion=completion,
+                total=held + added,
+            )
+    return top_p, replay
 
 
 # ---- results ----------------------------------------------------------------------------------
@@ -458,14 +483,15 @@ def build_result(
     finish_reason: dict[str, Any] | None,
     meta: dict[str, Any],
     top_p: list[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]] | None,
-    routed: npt.NDArray[np.int32] | None,
+    replay: dict[str, npt.NDArray[np.int32]] | None,
     events: int,
 ) -> StreamResult:
     """The result so far, from the twin's buffers (``logprobs`` None: the stream has none):
     copies of them, or for ``final`` (finish()) their storage itself. Text parts and the top-p
     rows of each event (None: none yet) are joined here; meta_info loses the lists and arrays the
-    result carries as arrays."""
+    result carries as arrays. ``replay``: the replay arrays by key (None: none yet)."""
     top_p_ids = top_p_offsets = None
+    replay = replay or {}
     if top_p is not None:
         top_p_ids, top_p_offsets = _join_top_p(top_p)
     token_ids = _hand_out(ids, final)
@@ -482,7 +508,8 @@ def build_result(
         completion_tokens=int(token_ids.shape[0]),
         top_p_token_ids=top_p_ids,
         top_p_token_offsets=top_p_offsets,
-        routed_experts=routed,
+        routed_experts=replay.get("routed_experts"),
+        indexer_topk=replay.get("indexer_topk"),
         events=events,
     )
 

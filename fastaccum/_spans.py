@@ -29,7 +29,7 @@ def cut_b64_spans(data: bytearray) -> tuple[bytes | bytearray, Spans]:
     backslash (an escape orjson never writes) is left for orjson to parse.
     Returns (json bytes, {key: (start, end) of the value inside ``data``}).
     """
-    if data.find(b'_experts":"') < 0 and data.find(b'"top_p_') < 0:
+    if data.find(b'_experts":"') < 0 and data.find(b'"top_p_') < 0 and data.find(b'_topk":"') < 0:
         return data, {}
     spans: Spans = {}
     pos = 0

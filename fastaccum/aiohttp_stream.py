@@ -28,7 +28,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from fastaccum._http import status_error
 from fastaccum._impl import StreamAccumulator
-from fastaccum.consumer import AccumulatorLike, StreamConsumer
+from fastaccum.consumer import AccumulatorLike, StreamConsumer, routed_start_of
 from fastaccum.errors import (
     ServerError,
     StreamConnectionError,
@@ -65,8 +65,16 @@ class GenerateStream(StreamConsumer):
         max_event_bytes: int | None = None,
         headers: Mapping[str, str] | None = None,
         read_timeout: float | None = None,
+        indexer_shape: tuple[int, int] | None = None,
     ) -> None:
-        super().__init__(None, mode=mode, expert_shape=expert_shape, max_event_bytes=max_event_bytes)
+        super().__init__(
+            None,
+            mode=mode,
+            expert_shape=expert_shape,
+            max_event_bytes=max_event_bytes,
+            indexer_shape=indexer_shape,
+            routed_start=routed_start_of(payload),
+        )
         self._session = session
         self._url = url
         self._payload = {**payload, "stream": True}

@@ -38,7 +38,7 @@ from fastaccum._http import (
 from fastaccum._impl import StreamAccumulator
 from fastaccum._pacing import DEFAULT_COALESCE_MS, ReadPacer, Resumer
 from fastaccum._timing import ReadTimeout, RequestClock, timeout_error
-from fastaccum.consumer import AccumulatorLike, StreamConsumer
+from fastaccum.consumer import AccumulatorLike, StreamConsumer, routed_start_of
 from fastaccum.errors import (
     StreamConnectionError,
     StreamError,
@@ -82,15 +82,13 @@ class ClientStream(StreamConsumer):
         payload: Mapping[str, Any],
         *,
         path: str,
-        mode: str,
-        expert_shape: tuple[int, int] | None,
-        max_event_bytes: int | None,
         headers: Mapping[str, str] | None,
         read_timeout: float | None,
         coalesce_ms: float,
         abort_drain_s: float | None,
+        **core: Any,  # the accumulator's options: mode, expert_shape, max_event_bytes, indexer_shape
     ) -> None:
-        super().__init__(None, mode=mode, expert_shape=expert_shape, max_event_bytes=max_event_bytes)
+        super().__init__(None, routed_start=routed_start_of(payload), **core)
         self._client = client
         self._url = client.base_url + path
         self.rid, payload = with_rid(payload, client._new_rid)
@@ -406,6 +404,7 @@ class Client:
         read_timeout: float | None = None,
         coalesce_ms: float | None = None,
         abort_drain_s: float | None | EllipsisType = ...,
+        indexer_shape: tuple[int, int] | None = None,
     ) -> ClientStream:
         """One streaming POST of ``payload`` (sent as JSON with ``"stream": true`` and a ``rid``:
         the payload's, else a new one); nothing is sent before ``run()``. ``coalesce_ms`` None
@@ -425,6 +424,7 @@ class Client:
             read_timeout=read_timeout,
             coalesce_ms=self._coalesce_ms if coalesce_ms is None else coalesce_ms,
             abort_drain_s=abort_drain_s,
+            indexer_shape=indexer_shape,
         )
 
     @property

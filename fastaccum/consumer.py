@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from fastaccum._impl import StreamAccumulator
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 else:
     AccumulatorLike = Any
 
-__all__ = ("StreamConsumer", "consume", "not_an_event_stream", "ERROR_BODY_CHARS", "AccumulatorLike")
+__all__ = ("StreamConsumer", "consume", "not_an_event_stream", "routed_start_of", "ERROR_BODY_CHARS", "AccumulatorLike")
 
 # An HTTP error body is quoted in the exception message up to this many characters.
 ERROR_BODY_CHARS = 2000
@@ -77,9 +77,17 @@ class StreamConsumer:
         mode: str = "auto",
         expert_shape: tuple[int, int] | None = None,
         max_event_bytes: int | None = None,
+        indexer_shape: tuple[int, int] | None = None,
+        routed_start: int = 0,
     ) -> None:
         self._pieces = pieces
-        self._accumulator = self._new_accumulator(mode=mode, expert_shape=expert_shape, max_event_bytes=max_event_bytes)
+        self._accumulator = self._new_accumulator(
+            mode=mode,
+            expert_shape=expert_shape,
+            max_event_bytes=max_event_bytes,
+            indexer_shape=indexer_shape,
+            routed_start=routed_start,
+        )
         self._task: asyncio.Task[Any] | None = None
         self._started = False
         self._abort_requested = False
@@ -240,16 +248,33 @@ class StreamConsumer:
         """Release transport resources once run() ends; the iterator's owner closes its transport."""
 
 
+def routed_start_of(payload: Mapping[str, Any]) -> int:
+    """The request's routed_experts_start_len: SGLang returns routed experts from that row on and
+    does not say so in the stream, so the accumulator must be told (0 where it is not a valid
+    count: the server refuses such a request itself)."""
+    start = payload.get("routed_experts_start_len")
+    return start if type(start) is int and start >= 0 else 0
+
+
 async def consume(
     pieces: AsyncIterable[bytes],
     *,
     mode: str = "auto",
     expert_shape: tuple[int, int] | None = None,
     max_event_bytes: int | None = None,
+    indexer_shape: tuple[int, int] | None = None,
+    routed_start: int = 0,
 ) -> StreamResult:
     """Feed every piece of an async byte iterator (any transport), then ``finish()``.
 
     Cancellation propagates. For request-level abort, use ``StreamConsumer(pieces, …)`` and its
     ``abort()``.
     """
-    return await StreamConsumer(pieces, mode=mode, expert_shape=expert_shape, max_event_bytes=max_event_bytes).run()
+    return await StreamConsumer(
+        pieces,
+        mode=mode,
+        expert_shape=expert_shape,
+        max_event_bytes=max_event_bytes,
+        indexer_shape=indexer_shape,
+        routed_start=routed_start,
+    ).run()

@@ -86,8 +86,14 @@ class Generation:
     token_texts: Sequence[str]
     finish_reason: dict[str, Any] | None = None
     top_p_rows: Sequence[Sequence[int]] | None = None
-    routed_experts: npt.NDArray[np.int32] | None = None  # (prompt + n - 1, layers, topk)
+    routed_experts: npt.NDArray[np.int32] | None = None  # (prompt + n - 1 - routed_start, layers, topk)
+    indexer_topk: npt.NDArray[np.int32] | None = None  # (prompt + n - 1, indexer layers, index_topk)
+    routed_start: int = 0  # the request's routed_experts_start_len
     weight_version: str = "default"
+
+    def replay_rows(self, end: int, *, start: int = 0) -> int:
+        """Rows of a replay array once ``end`` tokens are out: a row per position but the last."""
+        return max(self.prompt_tokens + end - 1 - start, 0)
 
     def text(self, start: int, end: int) -> str:
         return "".join(self.token_texts[start:end])
@@ -126,6 +132,8 @@ def synthetic_generation(
     top_p: bool = False,
     expert_shape: tuple[int, int] | None = None,
     num_experts: int = 128,
+    routed_start: int = 0,
+    indexer_shape: tuple[int, int] | None = None,
     null_logprob_every: int = 0,
     text_pieces: Sequence[str] = TEXT_PIECES,
 ) -> Generation:
@@ -155,7 +163,15 @@ def synthetic_generation(
         layers, topk = expert_shape
         count = max(prompt_tokens + n - 1, 0) * layers * topk
         h3 = _hash_u64(seed, rid, 3, np.arange(count, dtype=np.uint64))
-        routed = (h3 % np.uint64(num_experts)).astype(np.int32).reshape(-1, layers, topk)
+        routed = (h3 % np.uint64(num_experts)).astype(np.int32).reshape(-1, layers, topk)[routed_start:]
+    indexer = None
+    if indexer_shape is not None:
+        layers, topk = indexer_shape
+        count = max(prompt_tokens + n - 1, 0)
+        h4 = _hash_u64(seed, rid, 4, np.arange(count * layers * topk, dtype=np.uint64)).reshape(count, layers, topk)
+        # KV positions the row's token attends to: 0 .. its own position.
+        positions = np.arange(1, count + 1, dtype=np.uint64).reshape(count, 1, 1)
+        indexer = (h4 % positions).astype(np.int32)
     if finish_reason is None:
         finish_reason = {"type": "stop", "matched": int(ids[-1])} if n else {"type": "length", "length": 0}
     return Generation(
@@ -167,6 +183,8 @@ def synthetic_generation(
         finish_reason=finish_reason,
         top_p_rows=rows,
         routed_experts=routed,
+        indexer_topk=indexer,
+        routed_start=routed_start,
     )
 
 
@@ -245,8 +263,10 @@ def normal_event(
         meta["weight_versions"] = [{"version": gen.weight_version, "start": 0, "end": end}]
     meta["cached_tokens_details"] = None
     if terminal and gen.routed_experts is not None:
-        rows = gen.prompt_tokens + end - 1 if routed_rows is None else routed_rows
+        rows = gen.replay_rows(end, start=gen.routed_start) if routed_rows is None else routed_rows
         meta["routed_experts"] = encode_int32(gen.routed_experts[: max(rows, 0)])
+    if terminal and gen.indexer_topk is not None:
+        meta["indexer_topk"] = encode_int32(gen.indexer_topk[: gen.replay_rows(end)])
     meta["dp_rank"] = None
     if terminal:
         meta["e2e_latency"] = 0.1874

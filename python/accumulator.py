@@ -63,7 +63,7 @@ class StreamAccumulator(AccumulatorBase):
         self._text_parts = None  # None: no event carried text
         self._top_p = None  # None: no event carried top-p
         self._top_p_rows = None
-        self._routed = None
+        self._replay = None
         self._finish_reason = None
         self._meta = {}
         self._events = 0  # JSON events applied or light-checked
@@ -198,9 +198,9 @@ class StreamAccumulator(AccumulatorBase):
             if new_logprobs is not None:
                 new_logprobs = new_logprobs[start:]
 
-        top_p = routed = None
+        top_p = replay = None
         if self._top_p_rows is not None or not ARRAY_KEYS.isdisjoint(parsed.meta):  # rare: skip the call
-            top_p, routed = self._read_arrays(
+            top_p, replay = self._read_arrays(
                 parsed,
                 index=index,
                 mode=new_mode,
@@ -216,7 +216,7 @@ class StreamAccumulator(AccumulatorBase):
             self._logprobs.extend(new_logprobs)
         self._has_logprobs = event.logprob_ids is not None
         self._text_parts = text_after(self._text_parts, new_mode, parsed.echo, event.text)
-        self._commit_parsed(parsed.meta, parsed.finish, top_p, routed)
+        self._commit_parsed(parsed.meta, parsed.finish, top_p, replay)
         self._mode = new_mode
         if not light_checked:
             self._events += 1

@@ -16,6 +16,8 @@ class StreamAccumulator:
         *,
         expert_shape: tuple[int, int] | None = None,
         max_event_bytes: int | None = None,
+        indexer_shape: tuple[int, int] | None = None,
+        routed_start: int = 0,
     ) -> None: ...
     @property
     def mode(self) -> str: ...

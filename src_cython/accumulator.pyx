@@ -21,7 +21,7 @@ from fastaccum._cy.fields cimport Event, read_id_list, read_logprob_list, read_u
 from fastaccum._cy.framing cimport EventSink, SseFramer, ValueStream
 from fastaccum._cy.lengths cimport check_logprobs, check_total, event_mode, text_after
 from fastaccum._cy.scan cimport scan_event
-from fastaccum._cy.stream cimport Block, SpanScan, simd_decoder
+from fastaccum._cy.stream cimport SpanScan, simd_decoder
 
 import orjson
 
@@ -60,13 +60,15 @@ cdef class _Core(EventSink):
     cdef readonly SseFramer _framer
     cdef public str _mode
     cdef public object _expert_shape
+    cdef public object _indexer_shape
+    cdef public object _routed_start
     cdef readonly Buffer _ids
     cdef readonly Buffer _logprobs
     cdef readonly object _has_logprobs  # None until the first event decides it
     cdef public list _text_parts  # None: no event carried text
     cdef public list _top_p  # None: no event carried top-p
     cdef public object _top_p_rows
-    cdef public object _routed
+    cdef public dict _replay  # None: no event carried a replay array
     cdef public dict _finish_reason
     cdef public dict _meta
     cdef readonly bytes _lazy_meta  # a scanned event's meta_info, parsed only when a result is built
@@ -179,7 +181,7 @@ cdef class _Core(EventSink):
         self._apply(self._pending, self._pending_index, True, self._pending_scan)
 
     cdef ValueStream _value_stream(self):
-        return SpanScan(self._expert_shape, self._own_decoder)
+        return SpanScan(self._expert_shape, self._indexer_shape, self._own_decoder)
 
     cdef bint _event_in_place(self, const unsigned char* data, Py_ssize_t n, Py_ssize_t index) except -1:
         """Apply an ordinary event straight from the caller's bytes, as _dispatch would apply a
@@ -235,7 +237,7 @@ cdef class _Core(EventSink):
         """Parse one event and read its fields, then hand it to _commit (nothing half-applied).
         ``light_checked``: the event was counted when the light check kept it."""
         cdef Event event
-        cdef Block routed_block = None
+        cdef dict streamed = None  # replay values decoded while the event arrived
         if self._fast_scan and scan is None and self._apply_if_scanned(
             <const unsigned char*>PyByteArray_AS_STRING(data), PyByteArray_GET_SIZE(data), index, light_checked,
             False
@@ -244,15 +246,15 @@ cdef class _Core(EventSink):
         if scan is not None and not scan.off:
             scan.advance(data, True)  # finish the scan over the complete event
             if reappears(data, scan.spans):
-                json_bytes, spans = (scan.original(data) if scan.block is not None else data), {}
+                json_bytes, spans = (scan.original(data) if scan.blocks else data), {}
             else:
                 json_bytes, spans = cut_spans(data, scan.spans)
-                routed_block = scan.block
+                streamed = scan.blocks or None
         else:
             json_bytes, spans = cut_b64_spans(data)
-        parsed = read_event(index, data, json_bytes, spans, scan.original if routed_block is not None else None)
+        parsed = read_event(index, data, json_bytes, spans, scan.original if streamed is not None else None)
         if not parsed.spans:
-            routed_block = None  # parsed whole, from the original bytes
+            streamed = None  # parsed whole, from the original bytes
         obj = parsed.obj
         meta = parsed.meta
         event.event_index = index
@@ -264,7 +266,7 @@ cdef class _Core(EventSink):
             read_logprob_list(index, meta["output_token_logprobs"], self._lp_ids, self._lp_values)
         check_logprobs(index, self._has_logprobs, event.has_logprobs)
         event.completion_tokens, event.logprobs_length, event.prompt_tokens, text = event_counts(index, obj, meta)
-        return self._commit(&event, parsed, text, routed_block, light_checked)
+        return self._commit(&event, parsed, text, streamed, light_checked)
 
     cdef int _apply_scanned(self, Event* event, bint light_checked, bint in_piece) except -1:
         """The rest of _apply for an event the scanner read (no finish_reason, no base64 arrays);
@@ -284,7 +286,7 @@ cdef class _Core(EventSink):
             self._lazy_meta = PyBytes_FromStringAndSize(<const char*>event.meta, event.meta_len)
         return 0
 
-    cdef int _commit(self, Event* event, object parsed, object text, Block routed_block,
+    cdef int _commit(self, Event* event, object parsed, object text, dict streamed,
                      bint light_checked) except -1:
         """Validate the event against the stream (lengths, text, top-p, routed experts), then
         commit it. ``parsed``: the orjson path's ParsedEvent, None for an event the scanner read."""
@@ -332,9 +334,9 @@ cdef class _Core(EventSink):
                 start = held
         added = listed_n - start
 
-        top_p = routed = None
+        top_p = replay = None
         if self._top_p_rows is not None or parsed is not None:  # a scanned event carries no arrays
-            top_p, routed = self._read_arrays(
+            top_p, replay = self._read_arrays(
                 parsed,
                 index=index,
                 mode=new_mode,
@@ -342,7 +344,7 @@ cdef class _Core(EventSink):
                 added=added,
                 prompt=event.prompt_tokens,
                 completion=event.completion_tokens,
-                routed_raw=routed_block,
+                streamed=streamed,
             )
 
         # ---- commit: nothing below can fail on valid input ----
@@ -353,7 +355,7 @@ cdef class _Core(EventSink):
         self._has_logprobs = event.has_logprobs
         self._text_parts = text_after(self._text_parts, new_mode, echo, text)
         if parsed is not None:
-            self._commit_parsed(parsed.meta, parsed.finish, top_p, routed)
+            self._commit_parsed(parsed.meta, parsed.finish, top_p, replay)
         self._lazy_meta = None  # a scanned event's meta_info: _apply_scanned keeps it as bytes
         self._meta_in_piece = NULL
         self._mode = new_mode

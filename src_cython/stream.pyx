@@ -1,8 +1,8 @@
 """Streamed base64 (compiled twin only): a large event's base64 values taken while it arrives.
 
-The routed-experts value of a terminal event can be hundreds of MB of base64 in one line. Once
-an event grows past the framer's streaming threshold, the framer runs the span scan of
-fastaccum._spans.cut_b64_spans while the bytes arrive; inside the routed_experts value it
+The replay values of a terminal event (routed_experts, indexer_topk) can be hundreds of MB of
+base64 in one line. Once an event grows past the framer's streaming threshold, the framer runs
+the span scan of fastaccum._spans.cut_b64_spans while the bytes arrive; inside a replay value it
 decodes whole base64 quanta of each piece into a Block instead of holding the line. Anything
 unusual (a backslash, padding before the end, a bad character, the line ending inside the
 value) puts the exact original bytes back into the event ("de-streaming") and the event takes
@@ -41,7 +41,8 @@ cdef bint simd_decoder() noexcept:
     return fa_b64_simd
 
 
-cdef Py_ssize_t ROUTED_KEY = 4  # index of "routed_experts" in B64_KEYS
+cdef Py_ssize_t ROUTED_KEY = B64_KEYS.index("routed_experts")
+cdef Py_ssize_t INDEXER_KEY = B64_KEYS.index("indexer_topk")
 cdef Py_ssize_t BLOCK_MIN_BYTES = 16 << 20
 
 
@@ -96,7 +97,7 @@ cdef Py_ssize_t _key_before(const char* buf, Py_ssize_t at, dict spans) except -
     """Index in B64_KEYS of the key (not yet taken) whose quoted name ends at ``at``, or -1."""
     cdef Py_ssize_t k, m
     cdef bytes quoted
-    for k in range(5):
+    for k in range(len(_QUOTED)):
         quoted = <bytes>_QUOTED[k]
         m = len(quoted)
         if at - m >= 0 and memcmp(buf + at - m, <const char*>quoted, m) == 0 and B64_KEYS[k] not in spans:
@@ -106,15 +107,18 @@ cdef Py_ssize_t _key_before(const char* buf, Py_ssize_t at, dict spans) except -
 
 cdef class SpanScan(ValueStream):
     """fastaccum._spans.cut_b64_spans' forward scan, run while an event's bytes arrive (state of one event); it
-    streams the routed_experts value (``streaming``), and ``off`` means de-streamed."""
+    streams the replay values (``streaming``: one now), and ``off`` means de-streamed."""
 
-    def __cinit__(self, expert_shape=None, bint own_decoder=True):
+    def __cinit__(self, expert_shape=None, indexer_shape=None, bint own_decoder=True):
         self.spans = {}
+        self.blocks = {}
+        self.starts = {}
         self.expert_shape = expert_shape
+        self.indexer_shape = indexer_shape
         self.own_decoder = own_decoder and fa_b64_simd
 
     cdef int advance(self, bytearray data, bint at_end=False) except -1:
-        """Scan the newly arrived data; start streaming at an open routed_experts value (not
+        """Scan the newly arrived data; start streaming at an open replay value (not
         ``at_end``: then the event is complete and an open value simply ends the scan)."""
         cdef const char* buf = PyByteArray_AS_STRING(data)
         cdef Py_ssize_t n = PyByteArray_GET_SIZE(data)
@@ -133,13 +137,14 @@ cdef class SpanScan(ValueStream):
             if end < 0:
                 if at_end:
                     return 0
-                if k != ROUTED_KEY:
+                if k != ROUTED_KEY and k != INDEXER_KEY:
                     self.pos = at  # look again when the value is complete
                     return 0
                 self.value_start = start
+                self.key = k
                 self.streaming = True
                 self.block = Block()
-                self.block.reserve(_expected_bytes(buf, start, self.expert_shape))
+                self.block.reserve(_expected_bytes(buf, start, self.expert_shape if k == ROUTED_KEY else self.indexer_shape))
                 rest = PyBytes_FromStringAndSize(buf + start, n - start)
                 PyByteArray_Resize(data, start)
                 used = self.take(data, rest, 0, len(rest))
@@ -229,7 +234,11 @@ cdef class SpanScan(ValueStream):
                 return m
             self.tail_len = 0
         self.streaming = False
-        self.spans[B64_KEYS[ROUTED_KEY]] = (self.value_start, self.value_start)
+        key = B64_KEYS[self.key]
+        self.spans[key] = (self.value_start, self.value_start)
+        self.blocks[key] = self.block
+        self.starts[key] = self.value_start
+        self.block = None
         self.pos = self.value_start
         return m
 
@@ -250,7 +259,8 @@ cdef class SpanScan(ValueStream):
         return True
 
     cdef Py_ssize_t destream(self, bytearray data) except -1:
-        """Put the exact original characters back at the end of data; stop streaming."""
+        """Put the exact original characters back (the value being streamed at the end of data,
+        the values streamed whole where they were); stop streaming."""
         cdef bytes original
         if self.block is not None and self.block.size:
             # Whole unpadded quanta re-encode to exactly the characters they came from.
@@ -258,6 +268,11 @@ cdef class SpanScan(ValueStream):
             _bytearray_extend(data, original)
         if self.tail_len:
             _bytearray_extend(data, PyBytes_FromStringAndSize(self.tail, self.tail_len))
+        self._restore(data)
+        for key in self.blocks:
+            del self.spans[key]
+        self.blocks.clear()
+        self.starts.clear()
         self.consumed = 0
         self.tail_len = 0
         self.block = None
@@ -265,11 +280,20 @@ cdef class SpanScan(ValueStream):
         self.off = True
         return 0
 
+    cdef int _restore(self, bytearray data) except -1:
+        """The values streamed whole, re-encoded into data where they were (the last first, so the
+        earlier positions still hold)."""
+        cdef Block block
+        for key, at in sorted(self.starts.items(), key=lambda item: item[1], reverse=True):
+            block = <Block>self.blocks[key]
+            data[at:at] = pybase64.b64encode(memoryview(block)[: block.size])
+        return 0
+
     def original(self, bytearray data):
         """The event bytes as received (rare: the placeholder check failed)."""
-        cdef Py_ssize_t at = self.value_start
-        encoded = pybase64.b64encode(memoryview(self.block)[: self.block.size])
-        return bytes(data[:at]) + encoded + bytes(data[at:])
+        restored = bytearray(data)
+        self._restore(restored)
+        return bytes(restored)
 
 
 cdef int _bytearray_extend(bytearray data, bytes more) except -1:
@@ -281,8 +305,9 @@ cdef int _bytearray_extend(bytearray data, bytes more) except -1:
 
 
 cdef Py_ssize_t _expected_bytes(const char* buf, Py_ssize_t n, object expert_shape) except -1:
-    """The decoded routed-experts size, from the prompt_tokens and completion_tokens that SGLang
-    writes before it, or 0 when unknown: the Block then grows as it goes."""
+    """The decoded size of a replay value of rows x ``expert_shape`` (layers, topk), from the
+    prompt_tokens and completion_tokens that SGLang writes before it, or 0 when unknown: the Block
+    then grows as it goes. (A routed_experts_start_len only makes it smaller.)"""
     cdef Py_ssize_t at, prompt, completion
     if expert_shape is None:
         return 0

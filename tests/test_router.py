@@ -95,7 +95,7 @@ def test_a_drained_abort_reaches_the_worker_that_holds_the_request(twin: ModuleT
             await wait_until(lambda: stream.tokens >= 10)
             stream.abort()
             result = await task
-            await client_helpers.wait_until(lambda: all(w.running == 0 for w in workers), 5.0)
+            await wait_until(lambda: all(w.running == 0 for w in workers))
             return result, _holder(workers, "dr-1")
 
     result, holder = run(main())
@@ -118,7 +118,7 @@ def test_a_rollout_abort_of_many_streams_leaves_every_worker_idle(twin: ModuleTy
                 stream.abort()
             results = list(await asyncio.gather(*tasks))
             # The worker releases a request after its last write, which the router forwards first.
-            await client_helpers.wait_until(lambda: all(w.running == 0 and w.queued == 0 for w in workers), 5.0)
+            await wait_until(lambda: all(w.running == 0 and w.queued == 0 for w in workers))
             return results, client._aborts.sent
 
     results, sent = run(main())

@@ -201,3 +201,26 @@ def test_the_own_decoder_is_on_by_default_exactly_where_the_cpu_has_avx2() -> No
     assert acc._own_decoder == cy.B64_SIMD
     assert acc._debug(decode_in_place=False)._own_decoder is False
     assert acc._debug(decode_in_place=True)._own_decoder == cy.B64_SIMD
+
+
+@pytest.mark.parametrize("mutation", range(len(MUTATIONS)))
+def test_both_replay_values_stream_and_match_the_pure_twin(
+    streaming: dict[str, object], outcomes, mutation: int
+) -> None:
+    """An event with routed experts and the indexer top-k: each value streams in turn, and an
+    unusual indexer value (after a routed value streamed whole) puts both back as they came."""
+    rng = random.Random(mutation * 7919 + int(streaming["stream_after_bytes"]))
+    for _ in range(4):
+        n = rng.choice([1, 5, 30])
+        gen = synthetic_generation(
+            f"b{rng.random()}", n, prompt_tokens=rng.choice([1, 3]), expert_shape=(3, 2), indexer_shape=(2, 4)
+        )
+        data = stream_bytes(stream_events(gen, WireOptions(incremental=rng.random() < 0.5), interval=4))
+        key = b'"indexer_topk":"'
+        start = data.index(key) + len(key)
+        end = data.index(b'"', start)
+        value = MUTATIONS[mutation](data[start:end], rng)
+        mutated = data[:start] + value + (b"" if mutation == 11 else data[end:])
+        sizes = [rng.choice([1, 2, 3, 5, 64, 1000, 65536]) for _ in range(4)]
+        for shapes in ({}, {"expert_shape": (3, 2), "indexer_shape": (2, 4)}):
+            _assert_twins_agree(outcomes, streaming, mutated, sizes, **shapes)

@@ -12,7 +12,9 @@ cumulative mode sends only the newest output (dropped frames), incremental mode 
 
 Request keys: ``input_ids`` or ``text``, ``sampling_params`` (``max_new_tokens`` default 128,
 ``stream_interval``, ``stop_token_ids``, ``custom_params.return_top_p_token_ids``),
-``return_logprob``, ``return_text_in_logprobs``, ``return_routed_experts``, ``rid``, ``stream``.
+``return_logprob``, ``return_text_in_logprobs``, ``return_routed_experts``,
+``routed_experts_start_len``, ``return_indexer_topk``, ``rid``, ``stream``. ``/abort_request``
+aborts a rid the server holds exactly (then every rid it prefixes), as SGLang does.
 
 Fault injection: the request key ``"fastaccum_fault"`` (real SGLang ignores unknown keys) or the
 server's ``fault`` option, a dict ``{"kind": …, "at": event index (default 1), …}``:

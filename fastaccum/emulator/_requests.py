@@ -105,7 +105,10 @@ def truncate(gen: Generation, n: int, reason: dict[str, Any]) -> Generation:
     """The same generation stopped after ``n`` tokens (the token source is prefix-stable)."""
     routed = gen.routed_experts
     if routed is not None:
-        routed = routed[: max(gen.prompt_tokens + n - 1, 0)]
+        routed = routed[: gen.replay_rows(n, start=gen.routed_start)]
+    indexer = gen.indexer_topk
+    if indexer is not None:
+        indexer = indexer[: gen.replay_rows(n)]
     rows = gen.top_p_rows[:n] if gen.top_p_rows is not None else None
     return dataclasses.replace(
         gen,
@@ -115,6 +118,7 @@ def truncate(gen: Generation, n: int, reason: dict[str, Any]) -> Generation:
         finish_reason=reason,
         top_p_rows=rows,
         routed_experts=routed,
+        indexer_topk=indexer,
     )
 
 

@@ -38,7 +38,8 @@ class Emulator:
     Options are named like SGLang's server flags. ``token_rate`` is tokens/s per request; ``None``
     decodes in lockstep with the writer (as fast as the client reads, every emission point sent, so
     event boundaries are deterministic). ``num_layers``/``topk``/``num_experts`` describe the MoE
-    model behind ``enable_return_routed_experts``.
+    model behind ``enable_return_routed_experts``, ``num_indexer_layers``/``index_topk`` the
+    sparse-attention indexer behind ``enable_return_indexer_topk``.
     """
 
     def __init__(
@@ -53,6 +54,9 @@ class Emulator:
         num_layers: int = 4,
         topk: int = 2,
         num_experts: int = 16,
+        enable_return_indexer_topk: bool = False,
+        num_indexer_layers: int = 2,
+        index_topk: int = 8,
         token_rate: float | None = None,
         max_running_requests: int = 256,
         seed: int = 0,
@@ -70,6 +74,8 @@ class Emulator:
         self.skip_tokenizer_init = skip_tokenizer_init
         self.enable_return_routed_experts = enable_return_routed_experts
         self.expert_shape = (num_layers, topk)
+        self.enable_return_indexer_topk = enable_return_indexer_topk
+        self.indexer_shape = (num_indexer_layers, index_topk)
         self.num_experts = num_experts
         self.token_rate = token_rate if token_rate else None
         self.max_running_requests = max(1, max_running_requests)
@@ -152,11 +158,14 @@ class Emulator:
         top_p: bool = False,
         routed_experts: bool = False,
         finish_reason: dict[str, Any] | None = None,
+        routed_start: int = 0,
+        indexer_topk: bool = False,
     ) -> Generation:
         """The first ``n`` tokens this server generates for ``rid`` (a pure function of seed, rid, position).
 
-        ``prompt_tokens`` only shapes the routed-expert rows: pass ``len(input_ids)`` (or
-        ``prompt_tokens_of(text)``). ``finish_reason`` defaults to ``length``.
+        ``prompt_tokens`` only shapes the replay rows (routed experts from ``routed_start`` on,
+        indexer top-k): pass ``len(input_ids)`` (or ``prompt_tokens_of(text)``). ``finish_reason``
+        defaults to ``length``.
         """
         if finish_reason is None:
             finish_reason = {"type": "length", "length": n}
@@ -169,6 +178,8 @@ class Emulator:
             top_p=top_p,
             expert_shape=self.expert_shape if routed_experts else None,
             num_experts=self.num_experts,
+            routed_start=routed_start,
+            indexer_shape=self.indexer_shape if indexer_topk else None,
             text_pieces=self.text_pieces,
         )
 
@@ -192,6 +203,9 @@ class Emulator:
                 "num_hidden_layers": self.expert_shape[0],
                 "num_experts_per_tok": self.expert_shape[1],
                 "num_experts": self.num_experts,
+                "enable_return_indexer_topk": self.enable_return_indexer_topk,
+                "num_indexer_layers": self.indexer_shape[0],
+                "index_topk": self.indexer_shape[1],
                 "max_running_requests": self.max_running_requests,
                 "token_rate": self.token_rate,
                 "random_seed": self.seed,
@@ -215,7 +229,11 @@ class Emulator:
 
     async def _abort_request(self, request: web.Request) -> web.Response:
         body = orjson.loads(await request.read() or b"{}")
-        self.abort(body.get("rid") or "", abort_all=bool(body.get("abort_all")))
+        rid, abort_all = body.get("rid") or "", bool(body.get("abort_all"))
+        # SGLang's tokenizer manager passes an abort on only for a rid it holds (exactly); its
+        # scheduler then matches by prefix (abort() below). Either way the answer is 200 at once.
+        if abort_all or any(r.rid == rid for r in [*self._running, *self._waiting]):
+            self.abort(rid, abort_all=abort_all)
         return web.Response(status=200)
 
     def abort(self, rid: str = "", *, abort_all: bool = False) -> int:
@@ -306,7 +324,19 @@ class Emulator:
         return_logprob = bool(body.get("return_logprob", False))
         top_p = bool(custom.get("return_top_p_token_ids")) and return_logprob
         routed = bool(body.get("return_routed_experts")) and self.enable_return_routed_experts
-        gen = self.expected(rid, max_new, prompt_tokens=prompt_tokens, top_p=top_p, routed_experts=routed)
+        start = body.get("routed_experts_start_len") or 0
+        if routed and (type(start) is not int or not 0 <= start <= prompt_tokens):
+            raise ValueError(f"routed_experts_start_len must be in [0, {prompt_tokens}], not {start!r}")
+        indexer = bool(body.get("return_indexer_topk")) and self.enable_return_indexer_topk
+        gen = self.expected(
+            rid,
+            max_new,
+            prompt_tokens=prompt_tokens,
+            top_p=top_p,
+            routed_experts=routed,
+            routed_start=start if routed else 0,
+            indexer_topk=indexer,
+        )
         stops = set(params.get("stop_token_ids") or ())
         if stops:
             hit = next((i for i, t in enumerate(gen.token_ids) if t in stops), None)
