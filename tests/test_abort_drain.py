@@ -88,6 +88,27 @@ def test_a_drained_abort_keeps_the_routed_experts_of_every_kept_token(twin: Modu
     assert emulator.abort_rids == ["d-1"] and emulator.stats.disconnects == 0
 
 
+def test_a_drained_abort_keeps_the_indexer_top_k_and_routed_experts_from_their_start(twin: ModuleType) -> None:
+    emulator = Emulator(enable_return_routed_experts=True, enable_return_indexer_topk=True, token_rate=2000)
+    body = payload("ix-1", 100_000, return_routed_experts=True, return_indexer_topk=True, routed_experts_start_len=3)
+
+    async def main() -> StreamResult:
+        async with emulator as url, fastaccum.Client(url, abort_drain_s=LONG) as client:
+            stream = client.stream(body, expert_shape=(4, 2), indexer_shape=emulator.indexer_shape)
+            return await _abort_after(stream, 20)
+
+    result = run(main())
+    n = len(result)
+    assert result.replay_complete and n >= 20
+    truth = emulator.expected(
+        "ix-1", n, prompt_tokens=len(PROMPT), routed_experts=True, routed_start=3, indexer_topk=True
+    )
+    assert result.routed_experts.shape == (len(PROMPT) + n - 1 - 3, 4, 2)
+    assert np.array_equal(result.routed_experts, truth.routed_experts)
+    assert result.indexer_topk.shape == (len(PROMPT) + n - 1, *emulator.indexer_shape)
+    assert np.array_equal(result.indexer_topk, truth.indexer_topk)
+
+
 def test_a_drained_abort_keeps_a_top_p_row_per_kept_token(twin: ModuleType) -> None:
     emulator = Emulator(token_rate=2000)
     body = payload("tp-1", 100_000, sampling_params={"custom_params": {"return_top_p_token_ids": True}})

@@ -270,6 +270,24 @@ def test_abort_matches_rids_by_prefix_and_abort_all_hits_everything() -> None:
     assert run(main()) == {"p-1": ABORT_REASON, "p-10": ABORT_REASON, "p-2": ABORT_REASON}
 
 
+def test_an_abort_for_a_rid_the_server_does_not_hold_is_dropped_even_if_it_prefixes_one() -> None:
+    """SGLang's tokenizer manager passes an abort on only for a rid it holds exactly; only then does
+    the scheduler match by prefix. A bare prefix aborts nothing."""
+    emulator = Emulator(token_rate=200)
+
+    async def main() -> None:
+        async with emulator as url, aiohttp.ClientSession() as session:
+            response = await session.post(f"{url}/generate", json=payload("q-10", 100_000))
+            await wait_until(lambda: emulator.running == 1)
+            answer = await session.post(f"{url}/abort_request", json={"rid": "q-1"})
+            assert answer.status == 200
+            await asyncio.sleep(0.05)
+            assert emulator.running == 1 and emulator.stats.aborted == 0
+            response.close()
+
+    run(main())
+
+
 @pytest.mark.parametrize("queued", [False, True], ids=["running", "queued"])
 def test_client_disconnect_stops_generation(queued: bool) -> None:
     emulator = Emulator(token_rate=1000, max_running_requests=1)

@@ -14,6 +14,7 @@ from types import ModuleType
 from typing import Any
 
 import client_helpers
+import numpy as np
 import pytest
 import uvloop
 from aiohttp import web
@@ -83,6 +84,22 @@ def test_sequential_completed_streams_share_one_connection(transport: Transport)
 
     run(main())
     assert len(emulator.peers) == 4 and len(set(emulator.peers)) == 1
+
+
+def test_routed_experts_from_the_payloads_start_and_the_indexer_top_k(transport: Transport) -> None:
+    """routed_experts_start_len is not echoed in the stream: the transports read it from the payload."""
+    emulator = Emulator(enable_return_routed_experts=True, enable_return_indexer_topk=True, token_rate=5000)
+    body = payload("rs-1", 30, return_routed_experts=True, return_indexer_topk=True, routed_experts_start_len=2)
+
+    async def main() -> StreamResult:
+        async with emulator as url, transport.open(url) as make:
+            return await make(body, expert_shape=(4, 2), indexer_shape=emulator.indexer_shape).run()
+
+    result = run(main())
+    truth = emulator.expected("rs-1", 30, prompt_tokens=4, routed_experts=True, routed_start=2, indexer_topk=True)
+    assert result.routed_experts.shape == (4 + 30 - 1 - 2, 4, 2)
+    assert np.array_equal(result.routed_experts, truth.routed_experts)
+    assert np.array_equal(result.indexer_topk, truth.indexer_topk)
 
 
 def test_a_cut_abort_closes_its_connection(transport: Transport) -> None:
