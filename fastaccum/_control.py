@@ -76,13 +76,14 @@ class _Server:
 
     async def exchange(self, requests: list[bytes]) -> list[_Reply]:
         """Send the requests one after another on one keep-alive connection (a new one where the
-        server closed it); the replies in order."""
+        server closed it); the replies in order. Each exchange has CONTROL_TIMEOUT_S: a long batch
+        on a loaded server is slow as a whole, not stuck."""
         replies: list[_Reply] = []
-        writer = None
+        reader: asyncio.StreamReader | None = None
+        writer: asyncio.StreamWriter | None = None
         try:
-            async with asyncio.timeout(CONTROL_TIMEOUT_S):
-                reader = None
-                for request in requests:
+            for request in requests:
+                async with asyncio.timeout(CONTROL_TIMEOUT_S):
                     if writer is None or reader is None or reader.at_eof():
                         if writer is not None:
                             writer.close()
@@ -94,10 +95,10 @@ class _Server:
                         if not data:
                             raise StreamConnectionError(f"{self.url} closed the connection before answering")
                         reply.parser.feed_data(data)
-                    if not reply.keep_alive:
-                        writer.close()
-                        writer = None
-                    replies.append(reply)
+                if not reply.keep_alive:
+                    writer.close()
+                    writer = None
+                replies.append(reply)
         except TimeoutError:
             raise StreamConnectionError(f"{self.url} did not answer within {CONTROL_TIMEOUT_S} s") from None
         except (OSError, httptools.HttpParserError) as exc:

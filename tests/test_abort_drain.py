@@ -238,7 +238,8 @@ def test_many_aborts_at_once_share_a_few_connections(twin: ModuleType) -> None:
             for stream in streams:
                 stream.abort()
             results = list(await asyncio.gather(*tasks))
-            assert emulator.running == 0
+            # The emulator releases a request after its last write, which the client may read first.
+            await wait_until(lambda: emulator.running == 0)
             return results
 
     results = run(main())

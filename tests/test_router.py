@@ -119,6 +119,8 @@ def test_a_rollout_abort_of_many_streams_leaves_every_worker_idle(twin: ModuleTy
             results = list(await asyncio.gather(*tasks))
             # The worker releases a request after its last write, which the router forwards first.
             await wait_until(lambda: all(w.running == 0 and w.queued == 0 for w in workers))
+            cut = [(s.rid, r.finish_reason, s.abort_error) for s, r in zip(streams, results) if not r.replay_complete]
+            assert not cut, cut[:5]
             return results, client._aborts.sent
 
     results, sent = run(main())
