@@ -98,6 +98,24 @@ def _expected_logprobs(values: list[float | None]) -> np.ndarray:
     return np.array([math.nan if v is None else v for v in values], dtype=np.float64)
 
 
+def _replay_options(src: dict[str, Any]) -> dict[str, Any]:
+    """The replay-array arguments of a golden's token source (synthetic_generation's names); the
+    manifest has ``indexer_shape`` / ``routed_start`` only where a scenario uses them."""
+    return {
+        "expert_shape": tuple(src["expert_shape"]) if src["expert_shape"] else None,
+        "indexer_shape": tuple(src["indexer_shape"]) if src.get("indexer_shape") else None,
+        "routed_start": src.get("routed_start", 0),
+    }
+
+
+def _check_array(array: Any, expected: dict[str, Any] | None) -> None:
+    if expected is None:
+        assert array is None
+    else:
+        assert array.shape == tuple(expected["shape"])
+        assert array.reshape(-1).tolist() == expected["values"]
+
+
 def _check_result(result: Any, expect: dict[str, Any], entry: dict[str, Any]) -> None:
     assert result.token_ids.tolist() == expect["token_ids"]
     assert result.completion_tokens == expect["completion_tokens"]
@@ -107,17 +125,12 @@ def _check_result(result: Any, expect: dict[str, Any], entry: dict[str, Any]) ->
         assert result.logprobs is None
     else:
         np.testing.assert_array_equal(result.logprobs, _expected_logprobs(expect["logprobs"]))
-    experts = expect["routed_experts"]
-    if experts is None:
-        assert result.routed_experts is None
-    else:
-        assert result.routed_experts.shape == tuple(experts["shape"])
-        assert result.routed_experts.reshape(-1).tolist() == experts["values"]
+    _check_array(result.routed_experts, expect["routed_experts"])
+    _check_array(result.indexer_topk, expect.get("indexer_topk"))
 
 
 def _accumulate(impl: ModuleType, pieces: list[bytes], entry: dict[str, Any], mode: str) -> Any:
-    shape = entry["source"]["expert_shape"]
-    return impl.accumulate(pieces, mode=mode, expert_shape=tuple(shape) if shape else None)
+    return impl.accumulate(pieces, mode=mode, **_replay_options(entry["source"]))
 
 
 @pytest.mark.parametrize(("version", "name", "entry"), CASES)
@@ -160,8 +173,8 @@ def test_manifest_matches_token_source(version: str, name: str, entry: dict[str,
         src["n"],
         seed=src["seed"],
         prompt_tokens=src["prompt_tokens"],
-        expert_shape=tuple(src["expert_shape"]) if src["expert_shape"] else None,
         null_logprob_every=src["null_logprob_every"],
+        **_replay_options(src),
     )
     expect = entry["expect"]
     if expect["outcome"] != "ok":
@@ -170,6 +183,11 @@ def test_manifest_matches_token_source(version: str, name: str, entry: dict[str,
     assert expect["token_ids"] == list(gen.token_ids[:held])
     if expect["logprobs"] is not None:
         assert expect["logprobs"] == list(gen.logprobs[:held])
+    for key, array in (("routed_experts", gen.routed_experts), ("indexer_topk", gen.indexer_topk)):
+        if expect.get(key) is not None:  # terminal arrays: whole, SGLang's row rule (routed: from start)
+            start = src.get("routed_start", 0) if key == "routed_experts" else 0
+            assert expect[key]["shape"][0] == gen.replay_rows(held, start=start)
+            _check_array(array, expect[key])
 
 
 # ---- the emulator's writer against SGLang's bytes ---------------------------------------------
@@ -209,9 +227,9 @@ def _emulated_events(version: str, name: str, entry: dict[str, Any]) -> list[dic
         src["n"],
         seed=src["seed"],
         prompt_tokens=src["prompt_tokens"],
-        expert_shape=tuple(src["expert_shape"]) if src["expert_shape"] else None,
         null_logprob_every=src["null_logprob_every"],
         finish_reason=finish if entry["expect"]["outcome"] == "ok" else None,
+        **_replay_options(src),
     )
     opts = wire.WireOptions(
         incremental=sc.incremental,
@@ -288,10 +306,11 @@ def test_emulator_stream_parses_like_golden(impl: ModuleType, version: str, name
         assert ours.logprobs is None
     else:
         np.testing.assert_array_equal(ours.logprobs, theirs.logprobs)
-    if theirs.routed_experts is None:
-        assert ours.routed_experts is None
-    else:
-        np.testing.assert_array_equal(ours.routed_experts, theirs.routed_experts)
+    for key in ("routed_experts", "indexer_topk"):
+        if getattr(theirs, key) is None:
+            assert getattr(ours, key) is None
+        else:
+            np.testing.assert_array_equal(getattr(ours, key), getattr(theirs, key))
 
 
 # ---- live tier: regenerate from SGLang's code -------------------------------------------------

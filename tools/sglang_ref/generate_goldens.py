@@ -4,10 +4,11 @@
 
 Nothing here re-implements SGLang's output path. Per scenario this script
   1. simulates the scheduler's emission rule for the installed version (which steps send ids),
-  2. builds real ``BatchTokenIDOutput`` objects (token deltas, logprob slices, routed experts as a
-     tensor, ``FINISH_*.to_json()`` reasons, weight-version spans from SGLang's helper),
+  2. builds real ``BatchTokenIDOutput`` objects (token deltas, logprob slices, ``FINISH_*.to_json()``
+     reasons, weight-version spans from SGLang's helper, and the routed experts / indexer top-k
+     tensors that SGLang's ``BaseTopkCapturer.get_topk`` gathers at finish),
   3. runs them through SGLang's ``DetokenizerManager.handle_batch_token_id_out`` (text deltas,
-     stop trimming, base64 routed experts) with a toy tokenizer, unless ``--skip-tokenizer-init``,
+     stop trimming, base64 replay arrays) with a toy tokenizer, unless ``--skip-tokenizer-init``,
   4. hands them to a real ``TokenizerManager``'s ``_handle_batch_output`` / ``_handle_abort_req``
      and drains its real per-request stream (``_stream_one_response`` / ``_wait_one_response``:
      frame dropping, ``_coalesce_streaming_chunks``),
@@ -128,6 +129,8 @@ class Sglang:
             argv.append("--skip-tokenizer-init")
         if sc.experts:
             argv.append("--enable-return-routed-experts")
+        if sc.indexer:
+            argv.append("--enable-return-indexer-topk")
         self.server_args = prepare_server_args(argv)
         assert bool(self.server_args.incremental_streaming_output) == sc.incremental
         from sglang.srt import runtime_context
@@ -210,8 +213,6 @@ class Sglang:
         self, sc: Scenario, gen: Any, rid: str, prompt_ids: list[int], start: int, end: int, finish: dict | None
     ) -> Any:
         """The BatchTokenIDOutput the scheduler sends when ids [start, end) go out."""
-        import torch
-
         io = self.io
         fields = set(io.BatchTokenIDOutput.__struct_fields__)
         ids = list(gen.token_ids[start:end])
@@ -265,9 +266,14 @@ class Sglang:
             audio_tokens=[0],
             video_tokens=[0],
         )
+        # Replay arrays are collected only when the request finishes (abort included): the terminal
+        # batch only, gathered by SGLang's capturer from a host cache holding every position.
         if sc.experts:
-            # Collected only when the request finishes (abort included): the terminal batch only.
-            kw["routed_experts"] = [torch.from_numpy(gen.routed_experts.copy()) if finish is not None else None]
+            rows = gather_rows(self.capture_source(sc, "experts"), len(prompt_ids) + end, sc.routed_start)
+            kw["routed_experts"] = [rows if finish is not None else None]
+        if sc.indexer:
+            rows = gather_rows(self.capture_source(sc, "indexer"), len(prompt_ids) + end, 0)  # no start len
+            kw["indexer_topk"] = [rows if finish is not None else None]
         if finish is not None:
             spans = self.weight_spans(end)
             if spans is not None:
@@ -278,6 +284,19 @@ class Sglang:
         for name in io.BatchTokenIDOutput.__struct_fields__:
             kw.setdefault(name, None)
         return io.BatchTokenIDOutput(**kw)
+
+    def capture_source(self, sc: Scenario, what: str) -> Any:
+        """What the capturer's host cache holds for each position of the sequence (the routed
+        experts from position 0, whatever the request's start len)."""
+        full = wire.synthetic_generation(
+            f"golden-{sc.name}",
+            sc.n,
+            seed=sc.seed,
+            prompt_tokens=sc.prompt_tokens,
+            expert_shape=sc.experts if what == "experts" else None,
+            indexer_shape=sc.indexer if what == "indexer" else None,
+        )
+        return full.routed_experts if what == "experts" else full.indexer_topk
 
     def dp_rank(self) -> Any:
         # The scheduler sends get_parallel().dp_rank, which is None without a data-parallel
@@ -290,6 +309,29 @@ class Sglang:
         if spans is not None and "weight_versions" in self.io.AbortReq.__struct_fields__:
             kwargs["weight_versions"] = spans
         return self.io.AbortReq(**kwargs)
+
+
+def gather_rows(per_position: Any, seqlen: int, start_len: int) -> Any:
+    """The rows SGLang's ``BaseTopkCapturer.get_topk`` returns at finish (the batch result processor
+    passes seqlen = prompt + output ids, and routed_experts_start_len for the routed experts).
+
+    The real method runs on a stand-in capturer: a host cache indexed by KV slot (positions land in
+    scattered slots, as the token pool hands them out) and a one-request req_to_token table.
+    """
+    import numpy as np
+    import torch
+    from sglang.srt.state_capturer.base import BaseTopkCapturer
+
+    count = per_position.shape[0]  # prompt + n - 1 positions have a row
+    slots = np.random.default_rng(count).permutation(np.arange(3, 3 + 2 * count + 2))[: count + 1]
+    cache = np.full((3 + 2 * count + 2, *per_position.shape[1:]), -7, dtype=np.int32)
+    cache[slots[:count]] = per_position
+    capturer = BaseTopkCapturer.__new__(BaseTopkCapturer)
+    capturer.host_cache = type("HostCache", (), {"buffer": torch.from_numpy(cache)})()
+    pool = type("ReqToTokenPool", (), {"req_to_token": torch.from_numpy(slots.astype(np.int32)).reshape(1, -1)})()
+    return BaseTopkCapturer.get_topk(
+        capturer, req_pool_idx=0, seqlen=seqlen, req_to_token_pool=pool, start_len=start_len
+    )
 
 
 class _NullLogger:
@@ -345,6 +387,8 @@ async def run_scenario(sg: Sglang, sc: Scenario) -> tuple[bytes, dict[str, Any]]
         seed=sc.seed,
         prompt_tokens=sc.prompt_tokens,
         expert_shape=sc.experts,
+        routed_start=sc.routed_start,
+        indexer_shape=sc.indexer,
         null_logprob_every=sc.null_logprob_every,
     )
     prompt_ids = [1000 + i for i in range(sc.prompt_tokens)]
@@ -411,6 +455,10 @@ async def run_scenario(sg: Sglang, sc: Scenario) -> tuple[bytes, dict[str, Any]]
             body["return_text_in_logprobs"] = True
     if sc.experts:
         body["return_routed_experts"] = True
+        if sc.routed_start:
+            body["routed_experts_start_len"] = sc.routed_start
+    if sc.indexer:
+        body["return_indexer_topk"] = True
     status, headers, chunks, cut = await asgi_post(http_server.app, "/generate", json.dumps(body).encode())
     assert status == 200, status
     assert headers.get(b"content-type", b"").startswith(b"text/event-stream"), headers
@@ -513,27 +561,40 @@ def manifest_entry(
     if sc.experts and sc.kind != "echo":
         arr = gen.routed_experts
         expect["routed_experts"] = {"shape": list(arr.shape), "values": arr.reshape(-1).tolist()}
+    if sc.indexer:
+        # Keys only where used: the entries of the other scenarios stay as they were.
+        expect["indexer_topk"] = None
+        if sc.kind != "echo":  # never on the echo
+            arr = gen.indexer_topk
+            expect["indexer_topk"] = {"shape": list(arr.shape), "values": arr.reshape(-1).tolist()}
     if sc.error_after is not None:
         expect = {"outcome": "server_error", "status": 400, "message": sc.error_message, "prefix_tokens": delivered}
     if cut is not None:
         expect = {"outcome": "truncated", "server_exception": cut, "prefix_tokens": delivered}
+    server: dict[str, Any] = {
+        "incremental_streaming_output": sc.incremental,
+        "skip_tokenizer_init": sc.skip_tokenizer_init,
+        "stream_interval": sc.interval,
+        "enable_return_routed_experts": bool(sc.experts),
+    }
+    source: dict[str, Any] = {
+        "rid": f"golden-{sc.name}",
+        "n": sc.n,
+        "seed": sc.seed,
+        "prompt_tokens": sc.prompt_tokens,
+        "expert_shape": list(sc.experts) if sc.experts else None,
+        "null_logprob_every": sc.null_logprob_every,
+    }
+    if sc.routed_start:
+        source["routed_start"] = sc.routed_start
+    if sc.indexer:
+        server["enable_return_indexer_topk"] = True
+        source["indexer_shape"] = list(sc.indexer)
     return {
         "description": sc.description,
         "request": body,
-        "server": {
-            "incremental_streaming_output": sc.incremental,
-            "skip_tokenizer_init": sc.skip_tokenizer_init,
-            "stream_interval": sc.interval,
-            "enable_return_routed_experts": bool(sc.experts),
-        },
-        "source": {
-            "rid": f"golden-{sc.name}",
-            "n": sc.n,
-            "seed": sc.seed,
-            "prompt_tokens": sc.prompt_tokens,
-            "expert_shape": list(sc.experts) if sc.experts else None,
-            "null_logprob_every": sc.null_logprob_every,
-        },
+        "server": server,
+        "source": source,
         "scheduler": {
             "step_tokens": sc.step_tokens,
             "emission_points": points,
@@ -549,7 +610,12 @@ def manifest_entry(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="golden root; files go to OUT/<sglang version>/")
-    parser.add_argument("--only", nargs="*", help="scenario names (default: all)")
+    parser.add_argument(
+        "--only",
+        nargs="*",
+        help="scenario names (default: all): only their files are written, the other entries of an existing "
+        "manifest are kept; the scenarios before them still run (unwritten) so the clock matches a full run",
+    )
     args = parser.parse_args(argv)
 
     warnings.simplefilter("ignore")
@@ -567,10 +633,21 @@ def main(argv: list[str] | None = None) -> int:
             "token_source": "fastaccum/wire.py::synthetic_generation",
             "scenarios": {},
         }
-        for sc in SCENARIOS:
-            if args.only and sc.name not in args.only:
-                continue
+        kept: dict[str, Any] = {}
+        if args.only and (out_dir / "manifest.json").is_file():
+            kept = json.loads((out_dir / "manifest.json").read_text())["scenarios"]
+        # The step clock runs across the whole table: a scenario's timestamps depend on every
+        # scenario run before it, so --only still runs those (and discards their output).
+        last = max((k for k, sc in enumerate(SCENARIOS) if not args.only or sc.name in args.only), default=-1)
+        for k, sc in enumerate(SCENARIOS):
             if sg.version not in sc.versions and "*" not in sc.versions:
+                continue
+            selected = not args.only or sc.name in args.only
+            if not selected:
+                if sc.name in kept:
+                    manifest["scenarios"][sc.name] = kept[sc.name]  # in table order, as a full run writes it
+                if k < last:
+                    asyncio.run(run_scenario(sg, sc))  # advances the clock only
                 continue
             data, entry = asyncio.run(run_scenario(sg, sc))
             (out_dir / f"{sc.name}.sse").write_bytes(data)

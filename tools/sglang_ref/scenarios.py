@@ -22,6 +22,8 @@ class Scenario:
     logprob: bool = True
     logprob_text: bool = False
     experts: tuple[int, int] | None = None  # (num_layers, topk) with --enable-return-routed-experts
+    routed_start: int = 0  # routed_experts_start_len: routed rows from this position on (<= prompt_tokens)
+    indexer: tuple[int, int] | None = None  # (num_indexer_layers, index_topk) with --enable-return-indexer-topk
     kind: str = "stop"  # stop | length | abort_running | echo
     no_stop_trim: bool = True  # slime sets it; False makes the detokenizer drop the stop token's text
     step_tokens: int = 1  # ids per scheduler step (> 1: speculative decoding)
@@ -127,6 +129,38 @@ SCENARIOS: tuple[Scenario, ...] = (
         n=12,
         no_stop_trim=False,
         emulator_comparable=False,
+    ),
+    # Replay arrays from 0.5.15 on (appended: the generator's clock runs across the table, so a
+    # scenario inserted earlier would move the timestamps of every later golden).
+    *_both(
+        "experts_start",
+        "routed experts from routed_experts_start_len=5 (rows = prompt + completion - 1 - 5)",
+        n=12,
+        experts=(2, 2),
+        routed_start=5,
+    ),
+    *_both(
+        "indexer",
+        "routed experts and indexer top-k (2 indexer layers, top-8), terminal only",
+        n=14,
+        experts=(2, 2),
+        indexer=(2, 8),
+    ),
+    *_both(
+        "indexer_skip_tokenizer",
+        "indexer top-k (and routed experts) encoded by the tokenizer manager",
+        n=10,
+        experts=(3, 2),
+        indexer=(2, 8),
+        skip_tokenizer_init=True,
+    ),
+    *_both(
+        "abort_running_indexer",
+        "abort of a running request: extra in-flight id + abort terminal with experts and indexer top-k",
+        n=10,
+        kind="abort_running",
+        experts=(2, 2),
+        indexer=(2, 8),
     ),
 )
 
