@@ -41,6 +41,7 @@ __all__ = (
     "top_p_half",
     "top_p_rows",
     "replay_size",
+    "replay_layers",
     "bad_option",
     "not_bytes",
     "fed_after_finish",
@@ -191,7 +192,7 @@ _RULES = {
     "no_total": "meta_info has no completion_tokens",
     "echo_no_total": "abort echo without completion_tokens",
     "routed_no_prompt": "routed_experts without prompt_tokens cannot be checked against expert_shape",
-    "indexer_no_prompt": "indexer_topk without prompt_tokens cannot be checked against indexer_shape",
+    "indexer_no_prompt": "indexer_topk without prompt_tokens cannot be shaped (indexer_shape, indexer_topk_num_layers)",
 }
 
 
@@ -279,17 +280,35 @@ def top_p_rows(index: int, mode: str, rows: int | None, added: int, total: int) 
 
 
 def replay_size(
-    index: int, mode: str, key: str, size: int, rows: tuple[int, int, int], shape: tuple[int, int]
+    index: int, mode: str, key: str, size: int, rows: tuple[int, int, int], shape: tuple[int, int | None]
 ) -> StreamLengthError:
     """A replay array (routed_experts, indexer_topk) whose size is not rows x layers x topk, with
-    rows = prompt + completion - 1 - start."""
+    rows = prompt + completion - 1 - start (at least 0); ``shape`` (layers, None): the width comes
+    from the size (indexer_topk_num_layers gives only the layers), which must be a positive
+    multiple of rows x layers."""
     prompt, done, start = rows
     layers, topk = shape
-    expected = max(prompt + done - 1 - start, 0) * layers * topk
+    count = max(prompt + done - 1 - start, 0)
     counted = f"{prompt} + {done} - 1" + (f" - {start}" if start else "")
+    if topk is None:
+        what = (
+            f"{key} has {size} values; expected a positive multiple of ({counted}) x {layers} (indexer_topk_num_layers)"
+        )
+        return bad_length(index, mode, what, count * layers, size)
+    expected = count * layers * topk
     return bad_length(
         index, mode, f"{key} has {size} values; expected ({counted}) x {layers} x {topk} = {expected}", expected, size
     )
+
+
+def replay_layers(index: int, mode: str, key: str, value: object, layers: int) -> StreamError:
+    """meta_info[key] (a replay array's layer count, which some SGLang forks send) is not a
+    positive int (StreamFormatError), or disagrees with the ``layers`` of the shape option."""
+    if type(value) is not int:
+        return wrong_type(index, f"meta_info.{key}", "a positive integer", value)
+    if value <= 0:
+        return bad_format(index, f"meta_info.{key} = {value} is not a layer count")
+    return bad_length(index, mode, f"meta_info.{key} = {value}, but indexer_shape has {layers} layers", layers, value)
 
 
 # ---- stream -----------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from fastaccum._messages import (
     not_an_object,
     not_bytes,
     not_json,
+    replay_layers,
     replay_size,
     server_error,
     top_p_half,
@@ -60,6 +61,7 @@ __all__ = (
     "read_arrays",
     "read_top_p",
     "read_replay",
+    "indexer_shape_of",
     "decode_int32",
     "int32_array",
     "build_result",
@@ -84,6 +86,9 @@ B64_KEYS: tuple[str, ...] = (
 )
 # The replay arrays: collected when a request finishes, sent once, in its terminal event.
 REPLAY_KEYS: tuple[str, ...] = ("routed_experts", "indexer_topk")
+# The indexer's layer count, which SGLang forks (sglang-miles) write beside indexer_topk; it stays
+# in meta_info. SGLang 0.5.23 sends no shape at all (docs/wire-format.md, "Indexer top-k").
+INDEXER_LAYERS_KEY = "indexer_topk_num_layers"
 _TOP_P_PAIRS = (
     ("top_p_token_ids", "top_p_token_offsets"),
     ("top_p_kept_token_ids", "top_p_kept_token_offsets"),
@@ -376,7 +381,7 @@ def read_replay(
     *,
     index: int,
     key: str,
-    shape: tuple[int, int] | None,
+    shape: tuple[int, int | None] | None,
     start: int,
     mode: str,
     prompt: int,
@@ -384,19 +389,36 @@ def read_replay(
     total: int,
 ) -> npt.NDArray[np.int32]:
     """A decoded replay array, checked against ``shape`` (layers, topk) and reshaped to (rows,
-    layers, topk) when it is given. SGLang's rule for both: a row per position but the last,
-    from ``start`` on (routed_experts_start_len; the indexer top-k has none): rows = prompt +
-    completion - 1 - start."""
+    layers, topk) when it is given (topk None: the width the size gives). SGLang's rule for both:
+    a row per position but the last, from ``start`` on (routed_experts_start_len; the indexer
+    top-k has none): rows = max(prompt + completion - 1 - start, 0)."""
     if shape is None:
         return raw
     if prompt == ABSENT:
         raise broken(index, "routed_no_prompt" if key == "routed_experts" else "indexer_no_prompt")
     layers, topk = shape
     done = completion if completion != ABSENT else total
-    rows = prompt + done - 1 - start
-    if rows < 0 or raw.shape[0] != max(rows, 0) * layers * topk:
-        raise replay_size(index, mode, key, raw.shape[0], (prompt, done, start), shape)
-    return raw.reshape(rows, layers, topk)
+    rows = max(prompt + done - 1 - start, 0)
+    size = raw.shape[0]
+    # topk None: the width is the size's, which must be a positive multiple of rows x layers.
+    width = topk if topk is not None else (size // (rows * layers) if rows else 0)
+    if size != rows * layers * width or (rows and not width):
+        raise replay_size(index, mode, key, size, (prompt, done, start), shape)
+    return raw.reshape(rows, layers, width)
+
+
+def indexer_shape_of(
+    index: int, mode: str, meta: dict[str, Any], option: tuple[int, int] | None
+) -> tuple[int, int | None] | None:
+    """The shape the indexer top-k is checked against: ``indexer_shape`` when given, else (layers,
+    None) from meta_info.indexer_topk_num_layers, which SGLang forks (sglang-miles) send beside
+    it and SGLang 0.5.23 does not; when both are there the layer counts must agree."""
+    layers = meta.get(INDEXER_LAYERS_KEY)
+    if layers is None:
+        return option
+    if type(layers) is not int or layers <= 0 or (option is not None and layers != option[0]):
+        raise replay_layers(index, mode, INDEXER_LAYERS_KEY, layers, option[0] if option else 0)
+    return option if option is not None else (layers, None)
 
 
 # ---- both arrays -------------------------------------------------------------------------------
@@ -428,12 +450,13 @@ def read_arrays(
     replay = None
     if parsed is not None and not REPLAY_KEYS_SET.isdisjoint(parsed.meta):
         replay = {}
-        for key, shape, start in (
-            ("routed_experts", expert_shape, routed_start),
-            ("indexer_topk", indexer_shape, 0),
-        ):
+        for key, start in (("routed_experts", routed_start), ("indexer_topk", 0)):
             if key not in parsed.meta:
                 continue
+            if key == "routed_experts":
+                shape: tuple[int, int | None] | None = expert_shape
+            else:
+                shape = indexer_shape_of(index, mode, parsed.meta, indexer_shape)
             if streamed is not None and key in streamed:
                 raw = int32_array(index, key, streamed[key])
             else:

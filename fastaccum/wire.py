@@ -108,6 +108,9 @@ class WireOptions:
     logprob_text: bool = False  # return_text_in_logprobs
     skip_tokenizer_init: bool = False  # no "text" key at all
     version: str = "0.5.23"  # or "0.5.15"
+    # indexer_topk_num_layers beside the indexer top-k: SGLang forks (sglang-miles) write it,
+    # SGLang itself (0.5.15, 0.5.23) does not.
+    indexer_topk_num_layers: bool = False
     extra_meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -267,6 +270,8 @@ def normal_event(
         meta["routed_experts"] = encode_int32(gen.routed_experts[: max(rows, 0)])
     if terminal and gen.indexer_topk is not None:
         meta["indexer_topk"] = encode_int32(gen.indexer_topk[: gen.replay_rows(end)])
+        if opts.indexer_topk_num_layers:
+            meta["indexer_topk_num_layers"] = int(gen.indexer_topk.shape[1])
     meta["dp_rank"] = None
     if terminal:
         meta["e2e_latency"] = 0.1874

@@ -4,11 +4,15 @@ arrays"): the indexer top-k beside routed experts, and routed experts from
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from types import ModuleType
 
+import aiohttp
 import numpy as np
 import pytest
 
+from fastaccum.emulator import Emulator
 from fastaccum.errors import StreamFormatError, StreamLengthError
 from fastaccum.wire import WireOptions, encode_int32, split_pieces, stream_bytes, stream_events, synthetic_generation
 
@@ -79,6 +83,64 @@ def test_an_88_mb_indexer_line_in_64_kib_pieces(impl: ModuleType) -> None:
     assert np.array_equal(result.indexer_topk, gen.indexer_topk)
 
 
+def test_a_large_indexer_value_in_small_pieces_equals_the_whole_feed(impl: ModuleType) -> None:
+    """9 MB of base64, past the 4 MiB at which the compiled twin decodes a value while it arrives."""
+    gen = synthetic_generation("ix-pieces", 200, prompt_tokens=30, indexer_shape=(4, 2048))
+    data = stream_bytes(stream_events(gen, INC, interval=64))
+    whole = impl.accumulate([data], indexer_shape=(4, 2048))
+    pieces = impl.accumulate(split_pieces(data, [4093, 65536, 7]), indexer_shape=(4, 2048))
+    assert pieces.indexer_topk.shape == whole.indexer_topk.shape == (229, 4, 2048)
+    assert pieces.indexer_topk.tobytes() == whole.indexer_topk.tobytes() == gen.indexer_topk.tobytes()
+
+
+def test_a_snapshot_after_the_terminal_event_holds_the_indexer_top_k(impl: ModuleType) -> None:
+    gen = synthetic_generation("ix-snap", 7, prompt_tokens=3, indexer_shape=(2, 4))
+    acc = impl.StreamAccumulator(indexer_shape=(2, 4))
+    acc.feed(stream_bytes(stream_events(gen, INC)))
+    assert np.array_equal(acc.snapshot().indexer_topk, gen.indexer_topk)
+    assert np.array_equal(acc.finish().indexer_topk, gen.indexer_topk)
+
+
+# ---- indexer_topk_num_layers, which SGLang forks send (SGLang 0.5.23 does not) ---------------
+
+FORK = WireOptions(incremental=True, indexer_topk_num_layers=True)
+
+
+@pytest.mark.parametrize("incremental", [True, False], ids=["incremental", "cumulative"])
+def test_indexer_topk_num_layers_gives_the_layers_and_the_length_the_width(impl: ModuleType, incremental: bool) -> None:
+    gen = synthetic_generation("ix-fork", 11, prompt_tokens=4, indexer_shape=(3, 8))
+    result = _run(impl, gen, dataclasses.replace(FORK, incremental=incremental))
+    assert result.indexer_topk.shape == (4 + 11 - 1, 3, 8)
+    assert np.array_equal(result.indexer_topk, gen.indexer_topk)
+    assert result.meta_info["indexer_topk_num_layers"] == 3  # a count, not an array: it stays
+
+
+def test_indexer_topk_num_layers_must_agree_with_indexer_shape(impl: ModuleType) -> None:
+    gen = synthetic_generation("ix-fork-shape", 5, prompt_tokens=2, indexer_shape=(3, 8))
+    assert _run(impl, gen, FORK, indexer_shape=(3, 8)).indexer_topk.shape == (6, 3, 8)
+    with pytest.raises(StreamLengthError, match=r"indexer_topk_num_layers = 3, but indexer_shape has 2 layers"):
+        _run(impl, gen, FORK, indexer_shape=(2, 12))
+
+
+@pytest.mark.parametrize(
+    ("layers", "error", "message"),
+    [
+        ("3", StreamFormatError, "indexer_topk_num_layers must be a positive integer, not str"),
+        (True, StreamFormatError, "indexer_topk_num_layers must be a positive integer, not bool"),
+        (0, StreamFormatError, "indexer_topk_num_layers = 0 is not a layer count"),
+        (5, StreamLengthError, r"indexer_topk has 144 values; expected a positive multiple of \(2 \+ 5 - 1\) x 5"),
+    ],
+)
+def test_an_indexer_layer_count_that_does_not_fit_names_the_field(
+    impl: ModuleType, layers: object, error: type[Exception], message: str
+) -> None:
+    gen = synthetic_generation("ix-fork-bad", 5, prompt_tokens=2, indexer_shape=(3, 8))
+    events = list(stream_events(gen, FORK))
+    events[-1]["meta_info"]["indexer_topk_num_layers"] = layers
+    with pytest.raises(error, match=message):
+        impl.accumulate([stream_bytes(events)])
+
+
 # ---- routed experts from routed_experts_start_len on -----------------------------------------
 
 
@@ -96,7 +158,68 @@ def test_routed_start_not_told_is_a_length_error_that_says_the_rule(impl: Module
         _run(impl, gen, expert_shape=(2, 2))
 
 
+def test_routed_start_at_the_prompts_end_with_no_completion_is_no_rows(impl: ModuleType) -> None:
+    """SGLang's rows: max(prompt + completion - 1 - start, 0)."""
+    gen = synthetic_generation("rs-empty", 0, prompt_tokens=5, expert_shape=(2, 2), routed_start=5)
+    result = _run(impl, gen, expert_shape=(2, 2), routed_start=5)
+    assert result.routed_experts.shape == (0, 2, 2)
+
+
 @pytest.mark.parametrize("start", [-1, 1.0, None])
 def test_routed_start_must_be_a_non_negative_int(impl: ModuleType, start: object) -> None:
     with pytest.raises(ValueError, match="routed_start must be"):
         impl.StreamAccumulator(routed_start=start)
+
+
+# ---- end to end, from the emulator -----------------------------------------------------------
+
+
+async def _body(emulator: Emulator, request: dict[str, object]) -> bytes:
+    async with emulator as url, aiohttp.ClientSession() as session:
+        async with session.post(f"{url}/generate", json=request) as response:
+            assert response.status == 200
+            return await response.read()
+
+
+@pytest.mark.parametrize("fork", [False, True], ids=["sglang", "fork-layers"])
+@pytest.mark.parametrize("incremental", [True, False], ids=["incremental", "cumulative"])
+def test_the_emulators_replay_arrays_end_to_end(impl: ModuleType, incremental: bool, fork: bool) -> None:
+    emulator = Emulator(
+        incremental_streaming_output=incremental,
+        stream_interval=4,
+        enable_return_routed_experts=True,
+        enable_return_indexer_topk=True,
+        index_topk=16,
+        indexer_topk_num_layers=fork,
+    )
+    prompt = [5, 6, 7, 8, 9, 10]
+    request = {
+        "input_ids": prompt,
+        "rid": "e2e",
+        "stream": True,
+        "return_logprob": True,
+        "return_routed_experts": True,
+        "routed_experts_start_len": 4,
+        "return_indexer_topk": True,
+        "sampling_params": {"max_new_tokens": 25},
+    }
+    body = asyncio.run(_body(emulator, request))
+    shapes = {} if fork else {"indexer_shape": emulator.indexer_shape}
+    result = impl.accumulate(split_pieces(body, [97, 1000]), expert_shape=(4, 2), routed_start=4, **shapes)
+    truth = emulator.expected("e2e", 25, prompt_tokens=6, routed_experts=True, routed_start=4, indexer_topk=True)
+    assert result.routed_experts.shape == (6 + 25 - 1 - 4, 4, 2)
+    assert np.array_equal(result.routed_experts, truth.routed_experts)
+    assert result.indexer_topk.shape == (6 + 25 - 1, 2, 16)
+    assert np.array_equal(result.indexer_topk, truth.indexer_topk)
+
+
+def test_the_emulator_refuses_a_routed_start_past_the_prompt_even_without_the_flag() -> None:
+    """SGLang's scheduler checks routed_experts_start_len whenever routed experts are asked for."""
+    request = {"input_ids": [1, 2], "return_routed_experts": True, "routed_experts_start_len": 3, "stream": True}
+
+    async def main() -> int:
+        async with Emulator() as url, aiohttp.ClientSession() as session:
+            async with session.post(f"{url}/generate", json=request) as response:
+                return response.status
+
+    assert asyncio.run(main()) == 400

@@ -55,6 +55,7 @@ async def _demo_async(args: argparse.Namespace) -> int:
         enable_return_indexer_topk=False,
         num_indexer_layers=2,
         index_topk=8,
+        indexer_topk_num_layers=False,
         token_rate=args.token_rate,
         max_running_requests=args.concurrency,
         seed=args.seed,

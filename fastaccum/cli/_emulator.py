@@ -26,6 +26,7 @@ def emulator_from(args: argparse.Namespace, **overrides: Any) -> Any:
         enable_return_indexer_topk=args.enable_return_indexer_topk,
         num_indexer_layers=args.num_indexer_layers,
         index_topk=args.index_topk,
+        indexer_topk_num_layers=args.indexer_topk_num_layers,
         token_rate=args.token_rate or None,
         max_running_requests=args.max_running_requests,
         seed=args.seed,

@@ -122,6 +122,7 @@ def _add_server_options(p: argparse.ArgumentParser) -> None:
     add("--enable-return-indexer-topk", action="store_true", help="serve the indexer top-k on request, as in SGLang")
     add("--num-indexer-layers", type=_positive, default=2, help="layers with a sparse-attention indexer")
     add("--index-topk", type=_positive, default=8, help="KV positions the indexer keeps per token")
+    add("--indexer-topk-num-layers", action="store_true", help="send the indexer's layer count, as sglang-miles does")
     add("--token-rate", type=_token_rate, default=0.0, help="tokens/s per request; 0: as fast as read")
     add("--max-running-requests", type=_positive, default=256, help="requests decoding at once; others queue")
     add("--random-seed", "--seed", dest="seed", type=int, default=0, help="token source seed: same seed, same tokens")

@@ -39,7 +39,8 @@ class Emulator:
     decodes in lockstep with the writer (as fast as the client reads, every emission point sent, so
     event boundaries are deterministic). ``num_layers``/``topk``/``num_experts`` describe the MoE
     model behind ``enable_return_routed_experts``, ``num_indexer_layers``/``index_topk`` the
-    sparse-attention indexer behind ``enable_return_indexer_topk``.
+    sparse-attention indexer behind ``enable_return_indexer_topk``; ``indexer_topk_num_layers``
+    writes the indexer's layer count beside it, as SGLang forks (sglang-miles) do and SGLang does not.
     """
 
     def __init__(
@@ -57,6 +58,7 @@ class Emulator:
         enable_return_indexer_topk: bool = False,
         num_indexer_layers: int = 2,
         index_topk: int = 8,
+        indexer_topk_num_layers: bool = False,
         token_rate: float | None = None,
         max_running_requests: int = 256,
         seed: int = 0,
@@ -76,6 +78,7 @@ class Emulator:
         self.expert_shape = (num_layers, topk)
         self.enable_return_indexer_topk = enable_return_indexer_topk
         self.indexer_shape = (num_indexer_layers, index_topk)
+        self.indexer_topk_num_layers = indexer_topk_num_layers
         self.num_experts = num_experts
         self.token_rate = token_rate if token_rate else None
         self.max_running_requests = max(1, max_running_requests)
@@ -323,9 +326,11 @@ class Emulator:
         custom = params.get("custom_params") or {}
         return_logprob = bool(body.get("return_logprob", False))
         top_p = bool(custom.get("return_top_p_token_ids")) and return_logprob
-        routed = bool(body.get("return_routed_experts")) and self.enable_return_routed_experts
+        asked = bool(body.get("return_routed_experts"))
+        routed = asked and self.enable_return_routed_experts
         start = body.get("routed_experts_start_len") or 0
-        if routed and (type(start) is not int or not 0 <= start <= prompt_tokens):
+        # The scheduler checks the start whenever routed experts are asked for, flag or not.
+        if asked and (type(start) is not int or not 0 <= start <= prompt_tokens):
             raise ValueError(f"routed_experts_start_len must be in [0, {prompt_tokens}], not {start!r}")
         indexer = bool(body.get("return_indexer_topk")) and self.enable_return_indexer_topk
         gen = self.expected(
@@ -348,6 +353,7 @@ class Emulator:
             logprob_text=bool(body.get("return_text_in_logprobs", False)),
             skip_tokenizer_init=self.skip_tokenizer_init,
             version=self.version,
+            indexer_topk_num_layers=self.indexer_topk_num_layers,
         )
         interval = int(params.get("stream_interval") or self.stream_interval)
         return Request(rid=rid, gen=gen, opts=opts, interval=max(1, interval), fault=fault)
