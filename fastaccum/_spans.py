@@ -17,6 +17,9 @@ __all__ = ("cut_b64_spans", "cut_spans", "reappears")
 Spans = dict[str, tuple[int, int]]
 
 _QUOTED: tuple[bytes, ...] = tuple(b'"' + key.encode() for key in B64_KEYS)
+# The last letters of the base64 keys: a '":"' after any other letter ends another key, which is
+# passed over without comparing names (most events have a few string values and no base64 key).
+_KEY_ENDS = frozenset(key.encode()[-1] for key in B64_KEYS)
 
 
 def cut_b64_spans(data: bytearray) -> tuple[bytes | bytearray, Spans]:
@@ -29,15 +32,13 @@ def cut_b64_spans(data: bytearray) -> tuple[bytes | bytearray, Spans]:
     backslash (an escape orjson never writes) is left for orjson to parse.
     Returns (json bytes, {key: (start, end) of the value inside ``data``}).
     """
-    if data.find(b'_experts":"') < 0 and data.find(b'"top_p_') < 0 and data.find(b'_topk":"') < 0:
-        return data, {}
     spans: Spans = {}
     pos = 0
     while len(spans) < len(B64_KEYS):
         at = data.find(b'":"', pos)
         if at < 0:
             break
-        key = _key_before(data, at, spans)
+        key = _key_before(data, at, spans) if data[at - 1] in _KEY_ENDS else None
         if key is None:
             pos = at + 1
             continue
@@ -48,6 +49,8 @@ def cut_b64_spans(data: bytearray) -> tuple[bytes | bytearray, Spans]:
         if data.find(b"\\", start, end) < 0:
             spans[key] = (start, end)
         pos = end
+    if not spans:
+        return data, {}
     if reappears(data, spans):
         return data, {}
     return cut_spans(data, spans)
