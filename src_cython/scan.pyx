@@ -379,9 +379,11 @@ cdef const unsigned char* _scan_meta(const unsigned char* p, const unsigned char
                 return NULL
             p = scan_uint(p, end, &r.prompt_tokens)
         elif key_len > 6 and (
-            memcmp(key, b"top_p_", 6) == 0 or _key_is(key, key_len, b"routed_experts", 14)
+            memcmp(key, b"top_p_", 6) == 0
+            or _key_is(key, key_len, b"routed_experts", 14)
+            or _key_is(key, key_len, b"indexer_topk", 12)
         ):
-            return NULL  # base64 arrays: the ordinary path cuts and decodes them
+            return NULL  # base64 arrays (fastaccum._policy.B64_KEYS): the ordinary path cuts and decodes them
         else:
             p = skip_value(p, end, 2)
         if p == NULL or p >= end:

@@ -223,3 +223,19 @@ def test_the_emulator_refuses_a_routed_start_past_the_prompt_even_without_the_fl
                 return response.status
 
     assert asyncio.run(main()) == 400
+
+
+@pytest.mark.c_extension
+@pytest.mark.parametrize("shape", [None, (2, 4), (3, 4)], ids=["flat", "fits", "misfits"])
+def test_an_indexer_top_k_before_the_terminal_event_is_read_alike_by_both_twins(outcomes, shape) -> None:
+    """SGLang sends it only in the terminal event; an earlier one must still take the ordinary path
+    in the compiled twin (its scanner refuses the key), so both twins decode and check it."""
+    import fastaccum._cy as cy
+    import fastaccum._py as py
+
+    gen = synthetic_generation("ix-early", 9, prompt_tokens=3, indexer_shape=(2, 4))
+    events = list(stream_events(gen, INC, interval=2))
+    events[1]["meta_info"]["indexer_topk"] = encode_int32(gen.indexer_topk[: 3 + 3 - 1])
+    pieces = [stream_bytes(events)]
+    options = {} if shape is None else {"indexer_shape": shape}
+    outcomes.assert_same(outcomes.run(cy, pieces, **options), outcomes.run(py, pieces, **options))
