@@ -19,7 +19,7 @@ from typing import Any
 import httptools
 import orjson
 
-from fastaccum._http import header_lines
+from fastaccum._http import header_lines, status_error
 from fastaccum.errors import ServerError, StreamConnectionError
 
 __all__ = ("PARALLEL", "AbortSender", "Drain", "with_rid", "worker_urls")
@@ -236,5 +236,5 @@ class AbortSender:
 def _check(server: _Server, replies: list[_Reply]) -> None:
     for reply in replies:
         if not 200 <= reply.status < 300:
-            body = reply.body.decode("utf-8", errors="replace")[:200]
-            raise ServerError(f"POST {server.url}/abort_request: HTTP {reply.status}: {body}", status=reply.status)
+            body = reply.body.decode("utf-8", errors="replace")
+            raise status_error(f"{server.url}/abort_request", reply.status, "", body, None)

@@ -223,6 +223,29 @@ def test_an_abort_that_cannot_be_sent_cuts_at_once_and_says_why(twin: ModuleType
     assert isinstance(error, ServerError) and error.status == 404 and "no /abort_request" in str(error)
 
 
+class RefusingAborts(Emulator):
+    """A server whose /abort_request fails (503), as an overloaded one may."""
+
+    async def _abort_request(self, request: web.Request) -> web.Response:
+        return web.json_response({"error": "overloaded"}, status=503)
+
+
+def test_an_abort_the_server_refuses_cuts_at_once_and_quotes_its_answer(twin: ModuleType) -> None:
+    emulator = RefusingAborts(token_rate=2000)
+
+    async def main() -> tuple[StreamResult, Any]:
+        async with emulator as url, fastaccum.Client(url, abort_drain_s=LONG) as client:
+            stream = client.stream(payload("rf-1", 1_000_000))
+            result = await _abort_after(stream, 20)
+            await wait_until(lambda: emulator.stats.disconnects == 1)
+            return result, stream.abort_error
+
+    result, error = run(main())
+    assert result.aborted and not result.replay_complete
+    assert isinstance(error, ServerError) and error.status == 503
+    assert "/abort_request" in str(error) and "overloaded" in str(error)
+
+
 # ---- where the abort goes, and how many --------------------------------------------------------
 
 
