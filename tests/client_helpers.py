@@ -25,6 +25,8 @@ __all__ = (
     "PROMPT",
     "RawServer",
     "Transport",
+    "abort_after",
+    "abort_together",
     "assert_matches",
     "chunks",
     "payload",
@@ -75,6 +77,28 @@ def assert_matches(
             for a, b in zip(result.top_p_token_offsets[:-1], result.top_p_token_offsets[1:])
         ]
         assert rows == [list(r) for r in gen.top_p_rows or ()]
+
+
+# ---- aborts: one stream, or a rollout's worth at once -------------------------------------------
+
+
+async def abort_after(stream: Any, tokens: int, timeout: float = 30.0) -> StreamResult:
+    """Run the stream, abort it once it holds ``tokens`` tokens (or has ended), return its result."""
+    task = asyncio.ensure_future(stream.run())
+    await wait_until(lambda: stream.tokens >= tokens or task.done(), timeout)
+    stream.abort()
+    result: StreamResult = await task
+    return result
+
+
+async def abort_together(streams: list[Any], tokens: int = 2, timeout: float = 30.0) -> list[StreamResult]:
+    """Run the streams, and once each holds ``tokens`` tokens abort them all in one loop iteration,
+    as a rollout abort does; their results in order."""
+    tasks = [asyncio.ensure_future(s.run()) for s in streams]
+    await wait_until(lambda: all(s.tokens >= tokens for s in streams), timeout)
+    for stream in streams:
+        stream.abort()
+    return list(await asyncio.gather(*tasks))
 
 
 # ---- both transports behind one interface ----------------------------------------------------

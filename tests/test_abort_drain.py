@@ -17,7 +17,7 @@ import client_helpers
 import numpy as np
 import pytest
 from aiohttp import web
-from client_helpers import PROMPT, assert_matches, payload, run
+from client_helpers import PROMPT, abort_after, abort_together, assert_matches, payload, run
 
 import fastaccum
 from fastaccum import ServerError, StreamResult
@@ -56,14 +56,6 @@ class AbortCountingEmulator(Emulator):
         return app
 
 
-async def _abort_after(stream: Any, tokens: int) -> StreamResult:
-    task = asyncio.ensure_future(stream.run())
-    await wait_until(lambda: stream.tokens >= tokens or task.done())
-    stream.abort()
-    result: StreamResult = await task
-    return result
-
-
 # ---- the terminal abort event is read --------------------------------------------------------
 
 
@@ -76,7 +68,7 @@ def test_a_drained_abort_keeps_the_routed_experts_of_every_kept_token(twin: Modu
     async def main() -> StreamResult:
         async with emulator as url, fastaccum.Client(url, abort_drain_s=LONG) as client:
             stream = client.stream(payload("d-1", 100_000, return_routed_experts=True), expert_shape=(4, 2))
-            result = await _abort_after(stream, 30)
+            result = await abort_after(stream, 30)
             assert client.idle_connections == 1  # the response ended: its connection is reused
             return result
 
@@ -95,7 +87,7 @@ def test_a_drained_abort_keeps_the_indexer_top_k_and_routed_experts_from_their_s
     async def main() -> StreamResult:
         async with emulator as url, fastaccum.Client(url, abort_drain_s=LONG) as client:
             stream = client.stream(body, expert_shape=(4, 2), indexer_shape=emulator.indexer_shape)
-            return await _abort_after(stream, 20)
+            return await abort_after(stream, 20)
 
     result = run(main())
     n = len(result)
@@ -115,7 +107,7 @@ def test_a_drained_abort_keeps_a_top_p_row_per_kept_token(twin: ModuleType) -> N
 
     async def main() -> StreamResult:
         async with emulator as url, fastaccum.Client(url, abort_drain_s=LONG) as client:
-            return await _abort_after(client.stream(body), 20)
+            return await abort_after(client.stream(body), 20)
 
     result = run(main())
     assert result.replay_complete and result.top_p_token_offsets is not None
@@ -214,7 +206,7 @@ def test_an_abort_that_cannot_be_sent_cuts_at_once_and_says_why(twin: ModuleType
     async def main() -> tuple[StreamResult, Any]:
         async with emulator as url, fastaccum.Client(url, abort_drain_s=30) as client:
             stream = client.stream(payload("na-1", 1_000_000))
-            result = await _abort_after(stream, 20)
+            result = await abort_after(stream, 20)
             await wait_until(lambda: emulator.stats.disconnects == 1)
             return result, stream.abort_error
 
@@ -236,7 +228,7 @@ def test_an_abort_the_server_refuses_cuts_at_once_and_quotes_its_answer(twin: Mo
     async def main() -> tuple[StreamResult, Any]:
         async with emulator as url, fastaccum.Client(url, abort_drain_s=LONG) as client:
             stream = client.stream(payload("rf-1", 1_000_000))
-            result = await _abort_after(stream, 20)
+            result = await abort_after(stream, 20)
             await wait_until(lambda: emulator.stats.disconnects == 1)
             return result, stream.abort_error
 
@@ -255,12 +247,7 @@ def test_many_aborts_at_once_share_a_few_connections(twin: ModuleType) -> None:
 
     async def main() -> list[StreamResult]:
         async with emulator as url, fastaccum.Client(url, abort_drain_s=LONG) as client:
-            streams = [client.stream(payload(f"m-{i:03d}", 100_000)) for i in range(n)]
-            tasks = [asyncio.ensure_future(s.run()) for s in streams]
-            await wait_until(lambda: all(s.tokens >= 2 for s in streams))
-            for stream in streams:
-                stream.abort()
-            results = list(await asyncio.gather(*tasks))
+            results = await abort_together([client.stream(payload(f"m-{i:03d}", 100_000)) for i in range(n)])
             # The emulator releases a request after its last write, which the client may read first.
             await wait_until(lambda: emulator.running == 0)
             return results
@@ -316,7 +303,7 @@ def test_through_a_router_the_abort_goes_to_every_listed_worker(twin: ModuleType
         async with holder as url, other as other_url, FakeRouter([url, other_url]) as router:
             async with fastaccum.Client(router, abort_drain_s=LONG) as client:
                 stream = client.stream(payload("rt-1", 100_000, return_routed_experts=True), expert_shape=(4, 2))
-                return await _abort_after(stream, 20)
+                return await abort_after(stream, 20)
 
     result = run(main())
     assert result.aborted and result.replay_complete and result.routed_experts is not None
@@ -354,7 +341,7 @@ def test_no_drain_cuts_at_once(twin: ModuleType) -> None:
 
     async def main() -> StreamResult:
         async with emulator as url, fastaccum.Client(url, abort_drain_s=None) as client:
-            result = await _abort_after(client.stream(payload("c-1", 100_000)), 20)
+            result = await abort_after(client.stream(payload("c-1", 100_000)), 20)
             await wait_until(lambda: emulator.stats.disconnects == 1)
             return result
 

@@ -16,7 +16,7 @@ from types import ModuleType
 
 import client_helpers
 import pytest
-from client_helpers import assert_matches, payload, run
+from client_helpers import abort_after, abort_together, assert_matches, payload, run
 from router_helpers import ROUTER_AVAILABLE, start_router
 
 import fastaccum
@@ -71,11 +71,7 @@ def test_a_disconnect_reaches_the_worker(twin: ModuleType) -> None:
     async def main() -> StreamResult:
         async with workers[0], workers[1], routed(*workers) as url:
             async with fastaccum.Client(url, abort_drain_s=None) as client:
-                stream = client.stream(payload("dc-1", 100_000))
-                task = asyncio.ensure_future(stream.run())
-                await wait_until(lambda: stream.tokens >= 10)
-                stream.abort()
-                result = await task
+                result = await abort_after(client.stream(payload("dc-1", 100_000)), 10)
             # The router notices at its next forward: tokens are flowing, so at once.
             await wait_until(lambda: sum(w.stats.disconnects for w in workers) == 1)
             await wait_until(lambda: all(w.running == 0 for w in workers))
@@ -90,11 +86,7 @@ def test_a_drained_abort_reaches_the_worker_that_holds_the_request(twin: ModuleT
 
     async def main() -> tuple[StreamResult, Emulator]:
         async with workers[0], workers[1], routed(*workers) as url, fastaccum.Client(url, abort_drain_s=60) as client:
-            stream = client.stream(payload("dr-1", 100_000))
-            task = asyncio.ensure_future(stream.run())
-            await wait_until(lambda: stream.tokens >= 10)
-            stream.abort()
-            result = await task
+            result = await abort_after(client.stream(payload("dr-1", 100_000)), 10)
             await wait_until(lambda: all(w.running == 0 for w in workers))
             return result, _holder(workers, "dr-1")
 
@@ -112,11 +104,7 @@ def test_a_rollout_abort_of_many_streams_leaves_every_worker_idle(twin: ModuleTy
         # A deadline a loaded CI machine cannot reach: what is tested is where the aborts go.
         async with workers[0], workers[1], routed(*workers) as url, fastaccum.Client(url, abort_drain_s=60) as client:
             streams = [client.stream(payload(f"ra-{i:04d}", 100_000)) for i in range(n)]
-            tasks = [asyncio.ensure_future(s.run()) for s in streams]
-            await wait_until(lambda: all(s.tokens >= 2 for s in streams))
-            for stream in streams:
-                stream.abort()
-            results = list(await asyncio.gather(*tasks))
+            results = await abort_together(streams)
             # The worker releases a request after its last write, which the router forwards first.
             await wait_until(lambda: all(w.running == 0 and w.queued == 0 for w in workers))
             cut = [(s.rid, r.finish_reason, s.abort_error) for s, r in zip(streams, results) if not r.replay_complete]
