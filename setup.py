@@ -94,7 +94,7 @@ class OptionalBuildExt(build_ext):
 # and the pure twin's own files compiled with an augmenting .pxd (src_cython/<name>.pxd) where the
 # same source compiles to the same speed. Each builds as fastaccum._cy.<name>; the pure twin keeps
 # importing its interpreted copy as fastaccum._py.<name>.
-HAND_WRITTEN = ("buffers", "framing", "fields", "stream", "scan", "accumulator")
+HAND_WRITTEN = ("buffers", "framing", "fields", "stream", "scan", "scan_chunk", "accumulator")
 SINGLE_SOURCE = ("chunked", "lengths")
 
 

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from fastaccum._policy import ARRAY_KEYS, MODES, ParsedEvent, build_result, check_options, finish_error, read_arrays
+from fastaccum._dialects import VLLM, chunk_arrays
+from fastaccum._policy import ARRAY_KEYS, DIALECTS, ParsedEvent, build_result, check_options, finish_error, read_arrays
 from fastaccum.errors import StreamError
 from fastaccum.result import StreamResult, snapshot_of
 
@@ -59,6 +60,7 @@ class AccumulatorBase:
     _framer: _Framer
     _chunks: _Chunks | None  # feed_chunked()'s decoder, None until first used
     _mode: str
+    _dialect: str  # DIALECTS' own str (fastaccum._policy)
     _expert_shape: tuple[int, int] | None
     _indexer_shape: tuple[int, int] | None
     _routed_start: int
@@ -85,10 +87,12 @@ class AccumulatorBase:
         max_event_bytes: int | None = None,
         indexer_shape: tuple[int, int] | None = None,
         routed_start: int = 0,
+        dialect: str = "sglang",
     ) -> None:
-        check_options(mode, expert_shape, max_event_bytes, indexer_shape, routed_start)
-        # The modes are MODES' own str objects: the compiled twin compares them by identity.
-        self._mode = MODES[MODES.index(mode)]
+        # The modes and dialects are MODES' and DIALECTS' own str objects: the compiled twin
+        # compares them by identity.
+        self._mode = check_options(mode, expert_shape, max_event_bytes, indexer_shape, routed_start, dialect)
+        self._dialect = DIALECTS[DIALECTS.index(dialect)]
         self._expert_shape = expert_shape
         self._indexer_shape = indexer_shape
         self._routed_start = routed_start
@@ -125,6 +129,17 @@ class AccumulatorBase:
         when neither the event nor the stream carries any. Validation only: nothing is kept."""
         if self._top_p_rows is None and (parsed is None or ARRAY_KEYS.isdisjoint(parsed.meta)):
             return None, None
+        if self._dialect is VLLM:
+            return chunk_arrays(
+                parsed,
+                index=index,
+                mode=mode,
+                held=held,
+                added=added,
+                rows_held=self._top_p_rows,
+                expert_shape=self._expert_shape,
+                streamed=streamed,
+            )
         return read_arrays(
             parsed,
             index=index,
@@ -202,6 +217,7 @@ class AccumulatorBase:
                 mid_event=framer.mid_event,
                 data=framer.data,
                 finished=self._finish_reason is not None,
+                dialect=self._dialect,
             )
         if self._error is not None:
             raise self._error
@@ -251,6 +267,7 @@ class AccumulatorBase:
 STATE: tuple[str, ...] = tuple(AccumulatorBase.__annotations__)
 STATE_WRITTEN: tuple[str, ...] = (
     "_mode",
+    "_dialect",
     "_expert_shape",
     "_indexer_shape",
     "_routed_start",

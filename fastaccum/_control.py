@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import urllib.parse
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import httptools
@@ -22,7 +22,7 @@ import orjson
 from fastaccum._http import header_lines, status_error
 from fastaccum.errors import ServerError, StreamConnectionError
 
-__all__ = ("PARALLEL", "AbortSender", "Drain", "with_rid", "worker_urls")
+__all__ = ("PARALLEL", "AbortSender", "Drain", "worker_urls")
 
 # Connections per server for one batch of aborts.
 PARALLEL = 4
@@ -107,16 +107,6 @@ class _Server:
             if writer is not None:
                 writer.close()
         return replies
-
-
-def with_rid(payload: Mapping[str, Any], new_rid: Callable[[], str]) -> tuple[str | None, Mapping[str, Any]]:
-    """The request's rid (the payload's, else a new one added to it); None for a batch's list of
-    rids, which cannot be aborted one by one."""
-    rid = payload.get("rid")
-    if rid is None:
-        rid = new_rid()
-        payload = {**payload, "rid": rid}
-    return (rid if isinstance(rid, str) else None), payload
 
 
 class Drain:

@@ -32,7 +32,11 @@ __all__ = (
     "bad_base64",
     "broken",
     "not_an_object",
+    "bad_npy",
+    "npy_shape",
     "input_ended",
+    "wrong_dialect",
+    "gateway_grpc",
     "logprobs_switched",
     "lengths_disagree",
     "changed_token",
@@ -192,6 +196,8 @@ _RULES = {
     "no_total": "meta_info has no completion_tokens",
     "echo_no_total": "abort echo without completion_tokens",
     "routed_no_prompt": "routed_experts without prompt_tokens cannot be checked against expert_shape",
+    "no_choices": "choices is missing",
+    "choices": "a chunk with more than one choice is not one request (n > 1)",
     "indexer_no_prompt": "indexer_topk without prompt_tokens cannot be shaped (indexer_shape, indexer_topk_num_layers)",
 }
 
@@ -201,17 +207,66 @@ def broken(index: int, rule: str) -> StreamFormatError:
     return bad_format(index, _RULES[rule])
 
 
+def bad_npy(index: int, why: str) -> StreamFormatError:
+    return bad_format(index, f"choices[0].routed_experts is not a routed-experts .npy: {why}")
+
+
+def npy_shape(index: int, mode: str, shape: tuple[int, ...], expert_shape: tuple[int, int]) -> StreamLengthError:
+    layers, topk = expert_shape
+    return bad_length(
+        index,
+        mode,
+        f"choices[0].routed_experts has shape {shape}; expert_shape says (rows, {layers}, {topk})",
+        layers * topk,
+        shape[1] * shape[2],
+    )
+
+
 def not_an_object(index: int, value: object) -> StreamFormatError:
     return bad_format(index, f"data is a JSON {type_name(value)}, not an object")
 
 
-def input_ended(index: int, mid_event: bool | None) -> StreamTruncatedError:
+# Why a server of each dialect ends a stream early in the way it ended (docs/dialects.md).
+_ENDED_BY = {
+    ("dynamo", "eof"): " (Dynamo ends a request it killed this way: a client disconnect, a backend timeout)",
+    ("dynamo", "done"): " (Dynamo stopped the request: its graceful stop ends with [DONE] and no finish_reason)",
+    ("vllm", "done"): " (vLLM before 0.32 ends an aborted request this way)",
+}
+
+
+def input_ended(index: int, mid_event: bool | None, dialect: str = "sglang") -> StreamTruncatedError:
     """End of input (``mid_event``: inside an event), or [DONE] (``mid_event`` None), before a
     terminal finish_reason."""
     if mid_event is None:
-        return truncated(index, "[DONE] before a terminal finish_reason")
+        return truncated(index, "[DONE] before a terminal finish_reason" + _ENDED_BY.get((dialect, "done"), ""))
     where = "inside an event, " if mid_event else ""
-    return truncated(index, f"input ended {where}before a terminal finish_reason")
+    why = _ENDED_BY.get((dialect, "eof"), "") if not mid_event else ""
+    return truncated(index, f"input ended {where}before a terminal finish_reason{why}")
+
+
+_SERVERS = {
+    "sglang": "SGLang /generate",
+    "dynamo": "Dynamo /generate",
+    "vllm": "vLLM /inference/v1/generate",
+}
+
+
+def wrong_dialect(index: int, declared: str, seen: str) -> StreamFormatError:
+    """The first event is another server's shape than the declared dialect's."""
+    return bad_format(
+        index,
+        f"this event is {_SERVERS[seen]}'s shape, but the stream is read as dialect={declared!r} "
+        f"({_SERVERS[declared]}); pass dialect={seen!r}",
+    )
+
+
+def gateway_grpc(index: int) -> StreamFormatError:
+    return bad_format(
+        index,
+        'an sgl-model-gateway /generate stream in gRPC mode (a top-level "index", no completion_tokens) '
+        "is not supported: its text and logprobs are cumulative while its ids are deltas; run the gateway "
+        "in HTTP mode, which passes SGLang's events through",
+    )
 
 
 def logprobs_switched(index: int, has_logprobs: bool) -> StreamFormatError:
@@ -314,14 +369,19 @@ def replay_layers(index: int, mode: str, key: str, value: object, layers: int) -
 # ---- stream -----------------------------------------------------------------------------------
 
 
-def bad_option(name: str, value: object) -> ValueError:
-    """A constructor argument out of its domain."""
+def bad_option(name: str, value: object, dialect: str | None = None) -> ValueError:
+    """A constructor argument out of its domain (``dialect``: the mode a dialect cannot stream)."""
+    if dialect is not None:
+        return ValueError(
+            f"mode={value!r} cannot be read as dialect={dialect!r}: that server streams incremental events"
+        )
     domain = {
         "mode": "'auto', 'cumulative' or 'incremental'",
         "expert_shape": "(num_layers, topk) positive ints",
         "indexer_shape": "(num_indexer_layers, index_topk) positive ints",
         "routed_start": "a non-negative int",
         "max_event_bytes": "a non-negative int or None",
+        "dialect": "'sglang', 'dynamo' or 'vllm'",
     }[name]
     return ValueError(f"{name} must be {domain}, not {value!r}")
 

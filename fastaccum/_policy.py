@@ -27,6 +27,7 @@ from fastaccum._messages import (
     broken,
     echo_short,
     fed_after_finish,
+    gateway_grpc,
     input_ended,
     not_an_object,
     not_bytes,
@@ -36,6 +37,7 @@ from fastaccum._messages import (
     server_error,
     top_p_half,
     top_p_rows,
+    wrong_dialect,
     wrong_type,
 )
 from fastaccum.errors import StreamError
@@ -43,6 +45,7 @@ from fastaccum.result import StreamResult
 
 __all__ = (
     "MODES",
+    "DIALECTS",
     "ABSENT",
     "ParsedEvent",
     "B64_KEYS",
@@ -62,6 +65,7 @@ __all__ = (
     "read_top_p",
     "read_replay",
     "indexer_shape_of",
+    "decode_b64",
     "decode_int32",
     "int32_array",
     "build_result",
@@ -69,12 +73,15 @@ __all__ = (
 )
 
 MODES = ("auto", "cumulative", "incremental")
+# The servers whose streams the core reads (docs/dialects.md). Dynamo passes SGLang's incremental
+# events through; vLLM's token-in/token-out chunks have their own shape (fastaccum._dialects).
+DIALECTS = ("sglang", "dynamo", "vllm")
 # A count the event does not carry (completion_tokens, prompt_tokens, ...): both twins use -1, the
 # compiled twin's structs having no None.
 ABSENT = -1
 # Counts are int64 in the compiled twin's structs; orjson reads integers up to 2**64 - 1, and no
 # stream has 2**63 tokens, so a larger count is malformed in both twins.
-_COUNT_LIMIT = 2**63
+COUNT_LIMIT = 2**63
 # The meta_info values that are base64 int32 arrays; routed experts alone can be gigabytes.
 B64_KEYS: tuple[str, ...] = (
     "top_p_token_ids",
@@ -95,7 +102,8 @@ _TOP_P_PAIRS = (
 )
 TOP_P_KEYS = frozenset(key for pair in _TOP_P_PAIRS for key in pair)
 REPLAY_KEYS_SET = frozenset(REPLAY_KEYS)
-ARRAY_KEYS = frozenset(B64_KEYS)
+# ... and every array an event may carry: vLLM's sampling mask too (fastaccum._dialects).
+ARRAY_KEYS = frozenset((*B64_KEYS, "sampling_mask"))
 # Token-aligned lists (sliced per event in incremental mode) and the decoded base64 arrays are
 # returned as arrays, not repeated in meta_info.
 _DROPPED_META = frozenset(
@@ -105,6 +113,7 @@ _DROPPED_META = frozenset(
         "output_token_ids_logprobs",
         "output_token_sampling_mask",
         "output_token_sampling_logprobs",
+        "sampling_mask",  # vLLM's top-p rows
         *B64_KEYS,
     )
 )
@@ -119,10 +128,18 @@ def check_options(
     max_event_bytes: object,
     indexer_shape: object = None,
     routed_start: object = 0,
-) -> None:
-    """The constructor's arguments, checked in order; the first wrong one raises ValueError."""
+    dialect: object = "sglang",
+) -> str:
+    """The constructor's arguments, checked in order; the first wrong one raises ValueError.
+    Returns the mode the stream starts in: Dynamo and vLLM stream incremental events only."""
     if mode not in MODES:
         raise bad_option("mode", mode)
+    if dialect not in DIALECTS:
+        raise bad_option("dialect", dialect)
+    if dialect != DIALECTS[0]:
+        if mode == MODES[1]:
+            raise bad_option("mode", mode, dialect)
+        mode = MODES[2]
     for name, shape in (("expert_shape", expert_shape), ("indexer_shape", indexer_shape)):
         if shape is not None and (
             not isinstance(shape, tuple) or len(shape) != 2 or any(type(x) is not int or x <= 0 for x in shape)
@@ -132,6 +149,7 @@ def check_options(
         raise bad_option("max_event_bytes", max_event_bytes)
     if type(routed_start) is not int or routed_start < 0:
         raise bad_option("routed_start", routed_start)
+    return MODES[MODES.index(mode)]  # MODES' own str: the compiled twin compares by identity
 
 
 def refused_feed(data: object, error: StreamError | None, finished: bool, method: str = "feed") -> Exception:
@@ -145,24 +163,26 @@ def refused_feed(data: object, error: StreamError | None, finished: bool, method
     return fed_after_finish(method)
 
 
-def finish_error(*, events: int, mid_event: bool, data: bytes | bytearray, finished: bool) -> StreamError | None:
+def finish_error(
+    *, events: int, mid_event: bool, data: bytes | bytearray, finished: bool, dialect: str = "sglang"
+) -> StreamError | None:
     """What end of input means: None when the stream is complete (``data``: the unfinished
     event's bytes, which may still be a prefix of [DONE])."""
     if not finished:
-        return input_ended(events, mid_event)
+        return input_ended(events, mid_event, dialect)
     if mid_event and not b"[DONE]".startswith(data):
         return broken(events, "after_terminal")
     return None
 
 
-def end_event(index: int, *, done: bool, finished: bool, is_done: bool) -> None:
+def end_event(index: int, *, done: bool, finished: bool, is_done: bool, dialect: str = "sglang") -> None:
     """An event at the end of the stream (after [DONE], after the terminal event, or [DONE]
     itself): raise unless it is the [DONE] that follows the terminal event."""
     if done:
         raise broken(index, "after_done")
     if is_done:
         if not finished:
-            raise input_ended(index, None)
+            raise input_ended(index, None, dialect)
         return
     raise broken(index, "after_terminal")
 
@@ -189,6 +209,7 @@ def read_event(
     json_bytes: bytes | bytearray,
     spans: dict[str, tuple[int, int]],
     original: Callable[[bytearray], bytes] | None = None,
+    dialect: str = "sglang",
 ) -> ParsedEvent:
     """Parse an event with orjson and check its shape.
 
@@ -196,36 +217,41 @@ def read_event(
     a cut landed outside meta_info (not SGLang's shape), the whole event is parsed again and the
     spans come back empty; ``original(data)`` gives its bytes when ``data`` no longer holds them
     (the compiled twin's streamed routed experts)."""
-    obj = _loads(index, json_bytes)
-    meta = event_meta(index, obj)
+    obj = load_json(index, json_bytes)
+    meta = event_meta(index, obj, dialect)
     for key in spans:
         if meta.get(key) != "":
             spans = {}
-            obj = _loads(index, original(data) if original is not None else data)
+            obj = load_json(index, original(data) if original is not None else data)
             meta = obj["meta_info"]
             break
     finish, echo = event_finish(index, meta)
     return ParsedEvent(index, data, obj, meta, spans, finish, echo)
 
 
-def _loads(index: int, data: bytes | bytearray) -> Any:
+def load_json(index: int, data: bytes | bytearray) -> Any:
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise not_json(index, exc) from None
 
 
-def event_meta(index: int, obj: object) -> dict[str, Any]:
+def event_meta(index: int, obj: object, dialect: str = "sglang") -> dict[str, Any]:
     """The meta_info of a parsed event, once the event is known to be a single request's."""
     if type(obj) is not dict:
         raise not_an_object(index, obj)
     if "error" in obj:
         raise server_error(index, obj["error"])
-    if "index" in obj:
-        raise broken(index, "batch")
     meta = obj.get("meta_info")
+    if "index" in obj:
+        # SGLang's batch events count their tokens; the gateway's gRPC re-rendering does not.
+        if type(meta) is dict and "completion_tokens" not in meta:
+            raise gateway_grpc(index)
+        raise broken(index, "batch")
     if type(meta) is not dict:
         if "meta_info" not in obj:
+            if "choices" in obj:
+                raise wrong_dialect(index, dialect, DIALECTS[2])
             raise broken(index, "no_meta")
         raise wrong_type(index, "meta_info", "an object", meta)
     return meta
@@ -244,7 +270,7 @@ def _count(index: int, meta: dict[str, Any], key: str) -> int:
     if key not in meta:
         return ABSENT
     value = meta[key]
-    if type(value) is not int or not 0 <= value < _COUNT_LIMIT:
+    if type(value) is not int or not 0 <= value < COUNT_LIMIT:
         raise bad_count(index, key, value)
     return value
 
@@ -315,20 +341,32 @@ def int32_array(index: int, key: str, raw: Any) -> npt.NDArray[np.int32]:
     return np.frombuffer(raw, dtype="<i4").astype(np.int32, copy=False)
 
 
-def decode_int32(
-    index: int, key: str, value: object, data: bytes | bytearray, span: tuple[int, int] | None
-) -> npt.NDArray[np.int32]:
-    """Decode one base64 int32 array, from its span in ``data`` or from the parsed str."""
+def decode_b64(
+    index: int,
+    key: str,
+    value: object,
+    data: bytes | bytearray,
+    span: tuple[int, int] | None,
+    where: str = "meta_info.",
+) -> bytearray:
+    """Decode one base64 value, from its span in ``data`` or from the parsed str (``where``: the
+    object holding ``key``, for messages)."""
     if span is None and type(value) is not str:
-        raise wrong_type(index, f"meta_info.{key}", "a base64 string", value)
+        raise wrong_type(index, f"{where}{key}", "a base64 string", value)
     source: str | memoryview = memoryview(data)[span[0] : span[1]] if span is not None else str(value)
     try:
-        raw = pybase64.b64decode_as_bytearray(source, validate=True)
+        return pybase64.b64decode_as_bytearray(source, validate=True)
     except ValueError:  # binascii.Error, or a str with non-ASCII characters
         raise bad_base64(index, key) from None
     finally:
         del source  # release the view so the event buffer can be freed or resized
-    return int32_array(index, key, raw)
+
+
+def decode_int32(
+    index: int, key: str, value: object, data: bytes | bytearray, span: tuple[int, int] | None
+) -> npt.NDArray[np.int32]:
+    """Decode one base64 int32 array, from its span in ``data`` or from the parsed str."""
+    return int32_array(index, key, decode_b64(index, key, value, data, span))
 
 
 # ---- top-p replay -----------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 from aiohttp.http_exceptions import HttpProcessingError
 
+from fastaccum._dialects import request_for
 from fastaccum._http import status_error
 from fastaccum._impl import StreamAccumulator
 from fastaccum.consumer import AccumulatorLike, StreamConsumer, routed_start_of
@@ -48,7 +49,8 @@ STREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=No
 class GenerateStream(StreamConsumer):
     """One streaming ``POST /generate`` on an aiohttp session.
 
-    ``payload`` is sent as JSON with ``"stream": true``. ``read_timeout`` (seconds without a byte,
+    ``payload`` is sent as JSON with ``"stream": true`` (and vLLM's usage chunk asked for) to
+    ``url``, the server's generate endpoint of ``dialect`` (docs/dialects.md). ``read_timeout`` (seconds without a byte,
     default None: SGLang has no heartbeats) raises ``StreamTimeoutError``. ``headers`` are added to
     the request. The connection is closed (not returned to the pool) whenever the stream ends
     early: abort, cancellation or error, so the server observes the disconnect and stops decoding.
@@ -66,7 +68,9 @@ class GenerateStream(StreamConsumer):
         headers: Mapping[str, str] | None = None,
         read_timeout: float | None = None,
         indexer_shape: tuple[int, int] | None = None,
+        dialect: str = "sglang",
     ) -> None:
+        request = request_for(dialect, payload, None)
         super().__init__(
             None,
             mode=mode,
@@ -74,10 +78,11 @@ class GenerateStream(StreamConsumer):
             max_event_bytes=max_event_bytes,
             indexer_shape=indexer_shape,
             routed_start=routed_start_of(payload),
+            dialect=dialect,
         )
         self._session = session
         self._url = url
-        self._payload = {**payload, "stream": True}
+        self._payload = request.body
         self._headers = dict(headers) if headers else None
         self._read_timeout = read_timeout
         self._response: aiohttp.ClientResponse | None = None

@@ -24,7 +24,8 @@ from collections.abc import Callable, Mapping
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any
 
-from fastaccum._control import AbortSender, Drain, with_rid
+from fastaccum._control import AbortSender, Drain
+from fastaccum._dialects import check_dialect, request_for
 from fastaccum._http import (
     Body,
     BodyFraming,
@@ -81,19 +82,27 @@ class ClientStream(StreamConsumer):
         client: Client,
         payload: Mapping[str, Any],
         *,
-        path: str,
+        path: str | None,
         headers: Mapping[str, str] | None,
         read_timeout: float | None,
         coalesce_ms: float,
         abort_drain_s: float | None,
+        dialect: str,
         **core: Any,  # the accumulator's options: mode, expert_shape, max_event_bytes, indexer_shape
     ) -> None:
-        super().__init__(None, routed_start=routed_start_of(payload), **core)
+        request = request_for(dialect, payload, client._new_rid)
+        super().__init__(None, routed_start=routed_start_of(payload), dialect=dialect, **core)
         self._client = client
+        path = request.path if path is None else path
         self._url = client.base_url + path
-        self.rid, payload = with_rid(payload, client._new_rid)
-        self._request = request_bytes(client._prefix + path, client._headers, {**payload, "stream": True}, headers)
-        self._drain = None if abort_drain_s is None else Drain(client._aborts, self.rid, abort_drain_s, self._cut)
+        self.rid = request.rid
+        self._request = request_bytes(client._prefix + path, client._headers, request.body, headers)
+        # Dynamo and vLLM have no per-request abort to drain after: their abort is the disconnect.
+        self._drain = (
+            Drain(client._aborts, self.rid, abort_drain_s, self._cut)
+            if abort_drain_s is not None and request.drains
+            else None
+        )
         self._pacer = ReadPacer(coalesce_ms, read_timeout)
         self._clock = RequestClock()
         self._timeout = ReadTimeout(self._clock, read_timeout, self._timed_out)
@@ -326,7 +335,9 @@ class ClientStream(StreamConsumer):
 
 
 class Client:
-    """A pool of HTTP/1.1 connections to one SGLang server or router, for streaming ``/generate``.
+    """A pool of HTTP/1.1 connections to one server or router, for streaming generations:
+    SGLang's ``/generate`` (``dialect="sglang"``, the default), Dynamo's (``"dynamo"``) or vLLM's
+    ``/inference/v1/generate`` (``"vllm"``); docs/dialects.md.
 
     ``async with Client("http://host:port") as client: result = await client.stream(payload).run()``
 
@@ -335,7 +346,8 @@ class Client:
     with every request (``stream(headers=...)`` adds to them per request, such as a router's
     ``X-SMG-Routing-Key``). ``coalesce_ms``: the read-coalescing window (0: off); docs/client.md.
     ``abort_drain_s``: how long ``abort()`` reads on for the terminal abort event after asking the
-    server to abort the rid (None: close the connection at once); docs/client.md, "Abort".
+    server to abort the rid (None: close the connection at once); docs/client.md, "Abort". Dynamo
+    and vLLM have no such request: their abort closes the connection.
     Plain ``http://`` only: for TLS, use ``GenerateStream`` on an aiohttp session.
     """
 
@@ -348,6 +360,7 @@ class Client:
         headers: Mapping[str, str] | None = None,
         coalesce_ms: float = DEFAULT_COALESCE_MS,
         abort_drain_s: float | None = DEFAULT_ABORT_DRAIN_S,
+        dialect: str = "sglang",
     ) -> None:
         parts = urllib.parse.urlsplit(base_url)
         if parts.scheme != "http" or not parts.hostname:
@@ -355,6 +368,8 @@ class Client:
         if max_connections is not None and max_connections < 1:
             raise ValueError(f"max_connections must be a positive int or None, not {max_connections!r}")
         _check_drain(abort_drain_s)
+        check_dialect(dialect)
+        self._dialect = dialect
         self._host = parts.hostname
         self._port = parts.port or 80
         self._prefix = parts.path.rstrip("/")
@@ -396,7 +411,7 @@ class Client:
         self,
         payload: Mapping[str, Any],
         *,
-        path: str = "/generate",
+        path: str | None = None,
         mode: str = "auto",
         expert_shape: tuple[int, int] | None = None,
         max_event_bytes: int | None = None,
@@ -405,14 +420,21 @@ class Client:
         coalesce_ms: float | None = None,
         abort_drain_s: float | None | EllipsisType = ...,
         indexer_shape: tuple[int, int] | None = None,
+        dialect: str | None = None,
     ) -> ClientStream:
-        """One streaming POST of ``payload`` (sent as JSON with ``"stream": true`` and a ``rid``:
-        the payload's, else a new one); nothing is sent before ``run()``. ``coalesce_ms`` None
-        takes the client's window; ``abort_drain_s`` left out takes the client's."""
+        """One streaming POST of ``payload`` (sent as JSON with ``"stream": true`` and a request
+        id: ``rid``, or vLLM's ``request_id``; the payload's, else a new one) to ``path`` (None:
+        the dialect's, ``/generate`` or vLLM's ``/inference/v1/generate``); nothing is sent
+        before ``run()``. ``coalesce_ms`` None takes the client's window, ``abort_drain_s`` left
+        out and ``dialect`` None the client's."""
         if abort_drain_s is ...:
             abort_drain_s = self._abort_drain_s
         else:
             _check_drain(abort_drain_s)
+        if dialect is None:
+            dialect = self._dialect
+        else:
+            check_dialect(dialect)
         return ClientStream(
             self,
             payload,
@@ -425,6 +447,7 @@ class Client:
             coalesce_ms=self._coalesce_ms if coalesce_ms is None else coalesce_ms,
             abort_drain_s=abort_drain_s,
             indexer_shape=indexer_shape,
+            dialect=dialect,
         )
 
     @property

@@ -79,6 +79,7 @@ class StreamConsumer:
         max_event_bytes: int | None = None,
         indexer_shape: tuple[int, int] | None = None,
         routed_start: int = 0,
+        dialect: str = "sglang",
     ) -> None:
         self._pieces = pieces
         self._accumulator = self._new_accumulator(
@@ -87,6 +88,7 @@ class StreamConsumer:
             max_event_bytes=max_event_bytes,
             indexer_shape=indexer_shape,
             routed_start=routed_start,
+            dialect=dialect,
         )
         self._task: asyncio.Task[Any] | None = None
         self._started = False
@@ -264,6 +266,7 @@ async def consume(
     max_event_bytes: int | None = None,
     indexer_shape: tuple[int, int] | None = None,
     routed_start: int = 0,
+    dialect: str = "sglang",
 ) -> StreamResult:
     """Feed every piece of an async byte iterator (any transport), then ``finish()``.
 
@@ -277,4 +280,5 @@ async def consume(
         max_event_bytes=max_event_bytes,
         indexer_shape=indexer_shape,
         routed_start=routed_start,
+        dialect=dialect,
     ).run()

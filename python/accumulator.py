@@ -14,6 +14,14 @@ from typing import Any
 import numpy as np
 
 from fastaccum._base import AccumulatorBase
+from fastaccum._dialects import (
+    TOKEN_IDS,
+    VLLM,
+    chunk_counts,
+    chunk_text,
+    read_chunk,
+    read_chunk_logprobs,
+)
 from fastaccum._messages import broken, changed_token
 from fastaccum._policy import (
     ABSENT,
@@ -106,8 +114,10 @@ class StreamAccumulator(AccumulatorBase):
 
     def _dispatch(self, data: bytearray, index: int) -> None:
         is_done = data == b"[DONE]"
-        if self._done or self._finish_reason is not None or is_done:
-            end_event(index, done=self._done, finished=self._finish_reason is not None, is_done=is_done)
+        if self._done or is_done or (self._finish_reason is not None and self._dialect is not VLLM):
+            end_event(
+                index, done=self._done, finished=self._finish_reason is not None, is_done=is_done, dialect=self._dialect
+            )
             self._done = True
             return
         if self._mode == CUMULATIVE and self._full_parses >= _FULL_PARSES_BEFORE_LIGHT:
@@ -147,7 +157,10 @@ class StreamAccumulator(AccumulatorBase):
         """Parse one event and read its fields, then hand it to _commit (nothing half-applied).
         ``light_checked``: the event was counted when the light check kept it."""
         json_bytes, spans = cut_b64_spans(data)
-        parsed = read_event(index, data, json_bytes, spans)
+        if self._dialect is VLLM:
+            self._commit(*self._read_chunk(data, index, json_bytes, spans), light_checked=light_checked)
+            return
+        parsed = read_event(index, data, json_bytes, spans, dialect=self._dialect)
         obj, meta = parsed.obj, parsed.meta
         output_ids = read_id_list(index, "output_ids", obj["output_ids"]) if "output_ids" in obj else None
         logprob_ids = logprobs = None
@@ -157,6 +170,25 @@ class StreamAccumulator(AccumulatorBase):
         completion, lp_length, prompt, text = event_counts(index, obj, meta)
         event = Event(index, output_ids, logprob_ids, logprobs, completion, lp_length, prompt, text)
         self._commit(event, parsed, light_checked=light_checked)
+
+    def _read_chunk(
+        self, data: bytearray, index: int, json_bytes: bytes | bytearray, spans: dict[str, tuple[int, int]]
+    ) -> tuple[Event, ParsedEvent]:
+        """A vLLM chunk read into the Event record SGLang's events fill (fastaccum._dialects)."""
+        parsed = read_chunk(index, data, json_bytes, spans, None, self._meta, finished=self._finish_reason is not None)
+        choice = parsed.obj
+        token_ids = choice.get("token_ids")
+        output_ids = read_id_list(index, TOKEN_IDS, token_ids) if token_ids is not None else []
+        logprob_ids = logprobs = None
+        read = read_chunk_logprobs(index, choice.get("logprobs"))
+        if read is not None:
+            logprob_ids, logprobs = read
+        elif not output_ids and self._has_logprobs:
+            logprob_ids, logprobs = [], []  # a chunk without tokens (abort, usage) has no logprobs to carry
+        check_logprobs(index, self._has_logprobs, logprob_ids is not None)
+        completion, prompt = chunk_counts(index, parsed, held=self._ids.size, listed=len(output_ids))
+        text = chunk_text(index, choice)
+        return Event(index, output_ids, logprob_ids, logprobs, completion, ABSENT, prompt, text), parsed
 
     def _commit(self, event: Event, parsed: ParsedEvent, *, light_checked: bool) -> None:
         """Validate the event against the stream (lengths, text, top-p, routed experts), then

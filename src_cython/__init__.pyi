@@ -18,6 +18,7 @@ class StreamAccumulator:
         max_event_bytes: int | None = None,
         indexer_shape: tuple[int, int] | None = None,
         routed_start: int = 0,
+        dialect: str = "sglang",
     ) -> None: ...
     @property
     def mode(self) -> str: ...

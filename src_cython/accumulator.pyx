@@ -21,14 +21,17 @@ from fastaccum._cy.fields cimport Event, read_id_list, read_logprob_list, read_u
 from fastaccum._cy.framing cimport EventSink, SseFramer, ValueStream
 from fastaccum._cy.lengths cimport check_logprobs, check_total, event_mode, text_after
 from fastaccum._cy.scan cimport scan_event
+from fastaccum._cy.scan_chunk cimport scan_chunk
 from fastaccum._cy.stream cimport SpanScan, simd_decoder
 
 import orjson
 
 from fastaccum._base import AccumulatorBase
+from fastaccum._dialects import TOKEN_IDS, chunk_counts, chunk_meta, chunk_text, read_chunk, read_chunk_logprobs
 from fastaccum._messages import broken, changed_token
 from fastaccum._policy import (
     ABSENT,
+    DIALECTS,
     MODES,
     echo_start,
     end_event,
@@ -45,6 +48,7 @@ import numpy as np
 # The mode is MODES' own str object (fastaccum._base sets it), compared by identity: an equality
 # test of two str is a function call in Cython.
 cdef str CUMULATIVE = MODES[1]
+cdef str VLLM = DIALECTS[2]
 # Cumulative events after this many full parses are only light-checked (docs/core.md).
 cdef Py_ssize_t _FULL_PARSES_BEFORE_LIGHT = 2
 cdef const char* _FINISH_KEY = b'"finish_reason":'
@@ -59,6 +63,7 @@ cdef class _Core(EventSink):
     # Read by fastaccum._base.AccumulatorBase, which also sets the public ones.
     cdef readonly SseFramer _framer
     cdef public str _mode
+    cdef public str _dialect
     cdef public object _expert_shape
     cdef public object _indexer_shape
     cdef public object _routed_start
@@ -162,8 +167,10 @@ cdef class _Core(EventSink):
         cdef bint is_done = (
             PyByteArray_GET_SIZE(data) == 6 and memcmp(PyByteArray_AS_STRING(data), b"[DONE]", 6) == 0
         )
-        if self._done or self._finish_reason is not None or is_done:
-            end_event(index, done=self._done, finished=self._finish_reason is not None, is_done=is_done)
+        if self._done or is_done or (self._finish_reason is not None and self._dialect is not VLLM):
+            end_event(
+                index, done=self._done, finished=self._finish_reason is not None, is_done=is_done, dialect=self._dialect
+            )
             self._done = True
             return 0
         if self._mode is CUMULATIVE and self._full_parses >= _FULL_PARSES_BEFORE_LIGHT:
@@ -200,8 +207,13 @@ cdef class _Core(EventSink):
                                 bint light_checked, bint in_piece) except -1:
         """Apply the event if the scanner reads it; False (nothing done) if orjson must."""
         cdef Event event
-        if not scan_event(data, n, self._out_ids, self._lp_ids, self._lp_values,
-                          self._ids.size if self._mode is CUMULATIVE else 0, &event):
+        if self._dialect is VLLM:
+            if self._finish_reason is not None or not scan_chunk(data, n, self._out_ids, self._lp_ids, self._lp_values, &event):
+                return False
+            # vLLM counts nothing in an ordinary chunk: the total is what it brings (_dialects.chunk_counts).
+            event.completion_tokens = self._ids.size + (self._lp_ids.size if event.has_logprobs else self._out_ids.size)
+        elif not scan_event(data, n, self._out_ids, self._lp_ids, self._lp_values,
+                            self._ids.size if self._mode is CUMULATIVE else 0, &event):
             return False
         event.event_index = index
         self._apply_scanned(&event, light_checked, in_piece)
@@ -252,7 +264,11 @@ cdef class _Core(EventSink):
                 streamed = scan.blocks or None
         else:
             json_bytes, spans = cut_b64_spans(data)
-        parsed = read_event(index, data, json_bytes, spans, scan.original if streamed is not None else None)
+        if self._dialect is VLLM:
+            return self._apply_chunk(data, index, json_bytes, spans, streamed, scan, light_checked)
+        parsed = read_event(
+            index, data, json_bytes, spans, scan.original if streamed is not None else None, self._dialect
+        )
         if not parsed.spans:
             streamed = None  # parsed whole, from the original bytes
         obj = parsed.obj
@@ -267,6 +283,37 @@ cdef class _Core(EventSink):
         check_logprobs(index, self._has_logprobs, event.has_logprobs)
         event.completion_tokens, event.logprobs_length, event.prompt_tokens, text = event_counts(index, obj, meta)
         return self._commit(&event, parsed, text, streamed, light_checked)
+
+    cdef int _apply_chunk(self, bytearray data, Py_ssize_t index, object json_bytes, dict spans, dict streamed,
+                          SpanScan scan, bint light_checked) except -1:
+        """The rest of _apply for a vLLM chunk: read into the Event record SGLang's events fill
+        (fastaccum._dialects)."""
+        cdef Event event
+        parsed = read_chunk(index, data, json_bytes, spans, scan.original if streamed is not None else None,
+                            self._meta_dict(), finished=self._finish_reason is not None)
+        if not parsed.spans:
+            streamed = None  # parsed whole, from the original bytes
+        choice = parsed.obj
+        token_ids = choice.get("token_ids")
+        event.event_index = index
+        event.has_output_ids = True
+        if token_ids is not None:
+            read_id_list(index, TOKEN_IDS, token_ids, self._out_ids)
+        else:
+            self._out_ids.size = 0
+        read = read_chunk_logprobs(index, choice.get("logprobs"))
+        # A chunk without tokens (abort, usage) has no logprobs to carry.
+        event.has_logprobs = read is not None or (self._out_ids.size == 0 and self._has_logprobs is True)
+        self._lp_ids.size = self._lp_values.size = 0
+        if read is not None:
+            read_id_list(index, TOKEN_IDS, read[0], self._lp_ids)
+            _fill_float64(self._lp_values, read[1])
+        check_logprobs(index, self._has_logprobs, event.has_logprobs)
+        event.completion_tokens, event.prompt_tokens = chunk_counts(
+            index, parsed, held=self._ids.size, listed=self._out_ids.size
+        )
+        event.logprobs_length = ABSENT
+        return self._commit(&event, parsed, chunk_text(index, choice), streamed, light_checked)
 
     cdef int _apply_scanned(self, Event* event, bint light_checked, bint in_piece) except -1:
         """The rest of _apply for an event the scanner read (no finish_reason, no base64 arrays);
@@ -376,8 +423,21 @@ cdef class _Core(EventSink):
     def _meta_dict(self):
         if self._lazy_meta is not None:
             self._meta = _orjson_loads(self._lazy_meta)
+            if self._dialect is VLLM:  # the whole chunk: scan_chunk
+                self._meta = chunk_meta(self._meta, None)
             self._lazy_meta = None
         return self._meta
+
+
+cdef int _fill_float64(Buffer out, list values) except -1:
+    cdef Py_ssize_t i, n = len(values)
+    out.size = 0
+    out.reserve(n)
+    cdef double* dst = float64s(out)
+    for i in range(n):
+        dst[i] = values[i]
+    out.size = n
+    return 0
 
 
 class StreamAccumulator(_Core, AccumulatorBase):

@@ -156,40 +156,6 @@ cdef const unsigned char* scan_number(const unsigned char* p, const unsigned cha
     return p
 
 
-cdef inline const unsigned char* scan_uint(const unsigned char* p, const unsigned char* end,
-                                    long long* out) noexcept nogil:
-    """A plain non-negative JSON integer of at most 18 digits, or NULL."""
-    cdef long long value = 0
-    cdef int digits = 0
-    cdef uint64_t v
-    if FA_SWAR and end - p >= 8:
-        # Ids and counts are short: one load finds and converts them whole.
-        v = fa_load8(p)
-        digits = fa_digit_run(v)
-        if 0 < digits < 8:
-            if p[0] == 48 and digits > 1:
-                return NULL
-            p += digits
-            if p[0] == 46 or p[0] == 101 or p[0] == 69:
-                return NULL
-            out[0] = <long long>fa_digits_value(v, digits)
-            return p
-        digits = 0
-    if p >= end or not fa_is_digit(p[0]):
-        return NULL
-    if p[0] == 48 and p + 1 < end and fa_is_digit(p[1]):
-        return NULL
-    while p < end and fa_is_digit(p[0]):
-        if digits < 18:  # 18 digits always fit; more are refused below, never accumulated
-            value = value * 10 + (p[0] - 48)
-        digits += 1
-        p += 1
-    if digits > 18 or (p < end and (p[0] == 46 or p[0] == 101 or p[0] == 69)):
-        return NULL
-    out[0] = value
-    return p
-
-
 cdef const unsigned char* skip_value(const unsigned char* p, const unsigned char* end,
                                      int depth) except? NULL:
     """Any JSON value at p (validated, not built): its end, or NULL."""
@@ -237,10 +203,6 @@ cdef const unsigned char* skip_container(const unsigned char* p, const unsigned 
     return NULL
 
 
-cdef inline bint _key_is(const unsigned char* key, Py_ssize_t n, const char* name, Py_ssize_t m) noexcept nogil:
-    return n == m and memcmp(key, name, m) == 0
-
-
 cdef int scan_event(const unsigned char* base, Py_ssize_t n, Buffer out_ids, Buffer lp_ids, Buffer lp_values,
                     Py_ssize_t skip, Event* r) except -1:
     """Read the event base[:n] into the staging buffers: 1, or 0 when the orjson path must decide.
@@ -268,7 +230,7 @@ cdef int scan_event(const unsigned char* base, Py_ssize_t n, Buffer out_ids, Buf
         p += 1
         if p >= end:
             return 0
-        if _key_is(key, key_len, b"text", 4):
+        if key_is(key, key_len, b"text", 4):
             if r.has_text:
                 return 0
             r.has_text = True
@@ -285,19 +247,19 @@ cdef int scan_event(const unsigned char* base, Py_ssize_t n, Buffer out_ids, Buf
                 p += 4
             else:
                 return 0
-        elif _key_is(key, key_len, b"output_ids", 10):
+        elif key_is(key, key_len, b"output_ids", 10):
             if r.has_output_ids:
                 return 0
             r.has_output_ids = True
-            p = _scan_ids(p, end, out_ids)
-        elif _key_is(key, key_len, b"meta_info", 9):
+            p = scan_ids(p, end, out_ids)
+        elif key_is(key, key_len, b"meta_info", 9):
             if has_meta or p[0] != 123:
                 return 0
             has_meta = True
             r.meta = p
             p = _scan_meta(p, end, lp_ids, lp_values, skip, r)
             r.meta_len = (p - r.meta) if p != NULL else 0
-        elif _key_is(key, key_len, b"error", 5) or _key_is(key, key_len, b"index", 5):
+        elif key_is(key, key_len, b"error", 5) or key_is(key, key_len, b"index", 5):
             return 0
         else:
             p = skip_value(p, end, 1)
@@ -312,7 +274,7 @@ cdef int scan_event(const unsigned char* base, Py_ssize_t n, Buffer out_ids, Buf
         p += 1
 
 
-cdef const unsigned char* _scan_ids(const unsigned char* p, const unsigned char* end,
+cdef const unsigned char* scan_ids(const unsigned char* p, const unsigned char* end,
                                     Buffer out) except? NULL:
     cdef long long value
     out.size = 0
@@ -355,33 +317,33 @@ cdef const unsigned char* _scan_meta(const unsigned char* p, const unsigned char
         p += 1
         if p >= end:
             return NULL
-        if _key_is(key, key_len, b"finish_reason", 13):
+        if key_is(key, key_len, b"finish_reason", 13):
             # Only the non-terminal shape: a terminal event is rare and takes the orjson path.
             if has_finish or end - p < 4 or memcmp(p, b"null", 4) != 0:
                 return NULL
             has_finish = True
             p += 4
-        elif _key_is(key, key_len, b"output_token_logprobs", 21):
+        elif key_is(key, key_len, b"output_token_logprobs", 21):
             if r.has_logprobs:
                 return NULL
             r.has_logprobs = True
             p = _scan_logprobs(p, end, lp_ids, lp_values, skip)
-        elif _key_is(key, key_len, b"completion_tokens", 17):
+        elif key_is(key, key_len, b"completion_tokens", 17):
             if r.completion_tokens >= 0:
                 return NULL
             p = scan_uint(p, end, &r.completion_tokens)
-        elif _key_is(key, key_len, b"output_token_logprobs_length", 28):
+        elif key_is(key, key_len, b"output_token_logprobs_length", 28):
             if r.logprobs_length >= 0:
                 return NULL
             p = scan_uint(p, end, &r.logprobs_length)
-        elif _key_is(key, key_len, b"prompt_tokens", 13):
+        elif key_is(key, key_len, b"prompt_tokens", 13):
             if r.prompt_tokens >= 0:
                 return NULL
             p = scan_uint(p, end, &r.prompt_tokens)
         elif key_len > 6 and (
             memcmp(key, b"top_p_", 6) == 0
-            or _key_is(key, key_len, b"routed_experts", 14)
-            or _key_is(key, key_len, b"indexer_topk", 12)
+            or key_is(key, key_len, b"routed_experts", 14)
+            or key_is(key, key_len, b"indexer_topk", 12)
         ):
             return NULL  # base64 arrays (fastaccum._policy.B64_KEYS): the ordinary path cuts and decodes them
         else:
@@ -453,3 +415,4 @@ cdef const unsigned char* _scan_logprobs(const unsigned char* p, const unsigned 
         if p[0] != 44:
             return NULL
         p += 1
+

@@ -1,0 +1,154 @@
+"""vLLM ``/inference/v1/generate`` SSE writer: chunks as vLLM serializes them, for the emulator
+and tests (the facts are in docs/dialects.md).
+
+A chunk is pydantic's compact ``model_dump_json()`` with every field written, nulls included, in
+the model's field order; ``data: <json>\\n\\n``; ``data: [DONE]`` at the end. Two shapes: vLLM
+0.32 on (``"0.32"``: ``output_mode``, ``stop_reason``, logprob items with an integer
+``token_id``) and 0.24 to 0.31 (``"0.31"``: ``"token": "token_id:<id>"`` items with ``bytes``).
+Token ids and logprobs come from fastaccum.wire's ``Generation``, so a test can check a whole
+stream end to end; routed experts are a base64 ``.npy`` of the narrowest dtype that holds them.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+import pybase64
+
+from fastaccum.wire import DONE, Generation, emission_points
+
+__all__ = ("SHAPES", "chunk", "usage_chunk", "error_chunk", "stream_chunks", "sse", "stream_bytes", "encode_npy")
+
+SHAPES = ("0.32", "0.31")
+# vLLM's finish reasons as SGLang writes them (fastaccum.wire's Generation keeps SGLang's form).
+_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+def encode_npy(array: npt.NDArray[Any]) -> str:
+    """A routed-experts array as vLLM sends it: ``np.save`` bytes of the narrowest of uint8,
+    uint16 and int32 that holds its values, base64."""
+    top = int(array.max()) if array.size else 0
+    dtype = np.uint8 if top < 1 << 8 else np.uint16 if top < 1 << 16 else np.int32
+    out = io.BytesIO()
+    np.save(out, np.ascontiguousarray(array, dtype=dtype), allow_pickle=False)
+    return pybase64.b64encode(out.getvalue()).decode("ascii")
+
+
+def _logprobs(gen: Generation, start: int, end: int, shape: str) -> dict[str, Any]:
+    items = []
+    for i in range(start, end):
+        token, logprob = gen.token_ids[i], gen.logprobs[i]
+        value = -9999.0 if logprob is None else logprob  # vLLM clamps -inf; it never writes null
+        if shape == "0.32":
+            items.append({"token_id": token, "logprob": value, "rank": 1, "top_logprobs": []})
+        else:
+            items.append({"token": f"token_id:{token}", "logprob": value, "bytes": None, "top_logprobs": []})
+    return {"content": items}
+
+
+def chunk(
+    gen: Generation,
+    start: int,
+    end: int,
+    *,
+    shape: str = "0.32",
+    logprobs: bool = True,
+    finish: str | None = None,
+    stop_reason: int | str | None = None,
+    routed: bool = False,
+    sampling_mask: bool = False,
+    weight_versions: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The chunk that carries tokens [start, end) (none for an abort chunk: start == end)."""
+    choice: dict[str, Any] = {"index": 0}
+    lps = _logprobs(gen, start, end, shape) if logprobs else None
+    if shape != "0.32":
+        choice["logprobs"] = lps
+    choice["finish_reason"] = finish
+    if shape == "0.32":
+        choice["stop_reason"] = stop_reason
+    choice["token_ids"] = list(gen.token_ids[start:end])
+    choice["routed_experts"] = encode_npy(gen.routed_experts) if routed and gen.routed_experts is not None else None
+    rows = gen.top_p_rows[start:end] if sampling_mask and gen.top_p_rows is not None else None
+    choice["sampling_mask"] = [list(r) for r in rows] if rows is not None else None
+    if shape == "0.32":
+        choice["weight_versions"] = weight_versions
+        choice["logprobs"] = lps
+        return {"request_id": gen.rid, "usage": None, "output_mode": "tokens", "choices": [choice]}
+    return {"request_id": gen.rid, "choices": [choice], "usage": None}
+
+
+def usage_chunk(gen: Generation, completion: int, *, shape: str = "0.32") -> dict[str, Any]:
+    """The last chunk that ``stream_options.include_usage`` asks for: no choice, the counts."""
+    usage: dict[str, Any] = {
+        "prompt_tokens": gen.prompt_tokens,
+        "total_tokens": gen.prompt_tokens + completion,
+        "completion_tokens": completion,
+        "prompt_tokens_details": None,
+    }
+    if shape == "0.32":
+        return {"request_id": gen.rid, "usage": usage, "output_mode": "tokens", "choices": []}
+    return {"request_id": gen.rid, "choices": [], "usage": usage}
+
+
+def error_chunk(message: str, kind: str = "BadRequestError", code: int = 400) -> bytes:
+    """An error as vLLM writes it mid-stream: ``json.dumps`` (with spaces), then ``[DONE]``."""
+    error = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    return b"data: " + json.dumps(error).encode() + b"\n\n"
+
+
+def finish_of(gen: Generation) -> tuple[str, int | str | None]:
+    reason = gen.finish_reason or {"type": "length"}
+    raw = _FINISH.get(reason["type"], reason["type"])
+    return raw, reason.get("matched") if raw == "stop" else None
+
+
+def stream_chunks(
+    gen: Generation,
+    *,
+    shape: str = "0.32",
+    interval: int = 1,
+    logprobs: bool = True,
+    routed: bool = False,
+    sampling_mask: bool = False,
+    usage: bool = True,
+    points: Sequence[int] | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Every chunk of a finished request: one per emission point, the last with finish_reason
+    and the arrays, then the usage chunk."""
+    n = len(gen.token_ids)
+    pts = list(points) if points is not None else emission_points(n, interval)
+    raw, matched = finish_of(gen)
+    prev = 0
+    for k, end in enumerate(pts):
+        last = k == len(pts) - 1
+        yield chunk(
+            gen,
+            prev,
+            end,
+            shape=shape,
+            logprobs=logprobs,
+            finish=raw if last else None,
+            stop_reason=matched if last else None,
+            routed=routed and last,
+            sampling_mask=sampling_mask,
+        )
+        prev = end
+    if usage:
+        yield usage_chunk(gen, n, shape=shape)
+
+
+def sse(obj: dict[str, Any]) -> bytes:
+    """One chunk as vLLM writes it (pydantic's compact JSON)."""
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def stream_bytes(chunks: Iterator[dict[str, Any]] | Sequence[dict[str, Any]], *, done: bool = True) -> bytes:
+    body = b"".join(sse(c) for c in chunks)
+    return body + DONE if done else body
