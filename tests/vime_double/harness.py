@@ -1,0 +1,639 @@
+"""Harness for the vime adapter tests: stubs, a vime loader, the vLLM server thread and the scenarios.
+
+Every scenario takes a ``VimeEnv`` (the double of ``tests/vime_double`` or a real vime tree from
+``FASTACCUM_VIME_PATH``) and drives ``fastaccum.vime`` against a vLLM-dialect server over loopback
+HTTP, so the same assertions run against both (tests/test_vime.py: the double, both vime lines;
+tests/test_vime_real.py: both). Loaded by file path and registered as ``fastaccum_vime_harness``
+so vime's ``load_function`` can reach the reward function below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import importlib.util
+import sys
+import threading
+import types
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+import fastaccum.vime as fv
+from fastaccum.vime import _generate, _modules
+
+DOUBLE_ROOT = str(Path(__file__).resolve().parent)
+PROMPT = "alpha beta gamma delta epsilon zeta eta theta"
+LINES = ("request-abort", "stock")
+
+
+def _load_server_module() -> Any:
+    name = "fastaccum_vime_server"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(DOUBLE_ROOT) / "vllm_server.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+vllm_server = _load_server_module()
+
+
+# ---- stubs ---------------------------------------------------------------------------------------
+class FakeTokenizer:
+    """One id per word; decode renders ids (``<id>``), skipping ids >= 150000 as "special" tokens
+    when asked, so the skip rule shows in assertions; counts decode calls."""
+
+    decodes = 0
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [1000 + (sum(map(ord, word)) % 5000) for word in text.split()]
+
+    def decode(self, ids: Any, skip_special_tokens: bool = False, **options: Any) -> str:
+        FakeTokenizer.decodes += 1
+        return "".join(f"<{int(i)}>" for i in ids if not (skip_special_tokens and int(i) >= 150_000))
+
+
+TOKENIZER: Any = FakeTokenizer()  # what AutoTokenizer.from_pretrained returns (the benchmark sets a real one)
+
+
+def _module(name: str, **attrs: Any) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__dict__.update(attrs)
+    sys.modules[name] = module
+    return module
+
+
+def _stubbed(*args: Any, **kwargs: Any) -> Any:
+    raise RuntimeError("stubbed by the fastaccum vime harness")
+
+
+class _Span:
+    def update(self, attrs: Any) -> _Span:
+        return self
+
+
+@contextlib.contextmanager
+def _trace_span(target: Any, name: str, *, attrs: Any = None, record_error: bool = True) -> Iterator[_Span]:
+    yield _Span()
+
+
+def _trace_function(name: str, **options: Any) -> Any:
+    return lambda fn: fn
+
+
+STUBS = (
+    "ray",
+    "ray.util",
+    "ray.util.scheduling_strategies",
+    "transformers",
+    "safetensors",
+    "safetensors.torch",
+    "vime.observability.trace_utils",
+    "vime.utils.data",
+    "vime.utils.eval_config",
+    "vime.utils.accelerator",
+    *(f"vime.rollout.rm_hub.{n}" for n in ("deepscaler", "f1", "gpqa", "math_dapo_utils", "math_utils")),
+)
+
+
+def install_stubs() -> list[str]:
+    """Third-party modules vime imports at module level (ray, transformers, safetensors) and the
+    vime modules a laid-out tree lacks (docs/vime.md, "Testing inside vime"); names installed."""
+    before = set(sys.modules)
+    ray = _module("ray", get=_stubbed, nodes=lambda: [], remote=_stubbed)
+    ray.util = _module("ray.util")
+    ray.util.scheduling_strategies = _module("ray.util.scheduling_strategies", NodeAffinitySchedulingStrategy=_stubbed)
+    tf = _module("transformers")
+    tf.AutoTokenizer = type("AutoTokenizer", (), {"from_pretrained": staticmethod(lambda *a, **k: TOKENIZER)})
+
+    def no_processor(*args: Any, **kwargs: Any) -> Any:
+        raise OSError("no processor in tests")
+
+    tf.AutoProcessor = type("AutoProcessor", (), {"from_pretrained": staticmethod(no_processor)})
+    tf.PreTrainedTokenizerBase = type("PreTrainedTokenizerBase", (), {})
+    tf.ProcessorMixin = type("ProcessorMixin", (), {})
+    st = _module("safetensors", safe_open=_stubbed)
+    st.torch = _module("safetensors.torch", load_file=_stubbed, save_file=_stubbed)
+    _module(
+        "vime.observability.trace_utils",
+        trace_span=_trace_span,
+        trace_function=_trace_function,
+        build_vllm_meta_trace_attrs=lambda meta: {},
+    )
+    _module("vime.utils.data", Dataset=_stubbed)
+    _module("vime.utils.eval_config", EvalDatasetConfig=type("EvalDatasetConfig", (), {}))
+    _module("vime.utils.accelerator", initialize_accelerator=lambda: None)
+    rewards = {
+        "deepscaler": ("get_deepscaler_rule_based_reward",),
+        "f1": ("f1_score",),
+        "gpqa": ("compute_gpqa_reward",),
+        "math_dapo_utils": ("compute_score",),
+        "math_utils": ("extract_answer", "grade_answer_verl"),
+    }
+    for name, functions in rewards.items():
+        _module(f"vime.rollout.rm_hub.{name}", **{f: _stubbed for f in functions})
+    return [name for name in STUBS if name not in before]
+
+
+def _purge_vime() -> None:
+    for name in list(sys.modules):
+        if name.split(".")[0] == "vime":
+            del sys.modules[name]
+    _modules.forget()
+
+
+@dataclasses.dataclass
+class VimeEnv:
+    kind: str  # "double" | "real"
+    root: str
+    line: str  # "request-abort" | "stock"
+    rollout: Any
+    misc: Any
+    http_utils: Any
+    async_utils: Any
+    server_control: Any
+    Sample: Any
+
+    def run(self, coro: Any) -> Any:
+        """Run on vime's background loop, where vime's rollouts (and so fastaccum) run."""
+        return self.async_utils.run(coro)
+
+    def reset(self) -> None:
+        self.misc.SingletonMeta._instances.clear()
+        vars(self.rollout.GenerateState).get("_instances", {}).clear()
+        self.misc.load_function.cache_clear()
+        REWARDS.clear()
+
+
+@contextlib.contextmanager
+def vime_env(kind: str, root: str, line: str | None = None) -> Iterator[VimeEnv]:
+    """vime's modules from ``root``: the double models the ``line`` asked for; a real tree is the
+    line it is (``GenerateState`` with ``cancellable_tasks`` is the request-abort line)."""
+    _purge_vime()
+    sys.path.insert(0, root)
+    stubs = install_stubs()
+    try:
+        from vime.backends.vllm_utils import server_control
+        from vime.rollout import vllm_rollout
+        from vime.utils import async_utils, http_utils, misc
+        from vime.utils.types import Sample
+
+        if kind == "double":
+            assert line in LINES, line
+            vllm_rollout.REQUEST_ABORT = line == "request-abort"
+        else:
+            line = "request-abort" if hasattr(vllm_rollout, "_run_request_abortable_generate") else "stock"
+        env = VimeEnv(kind, root, line, vllm_rollout, misc, http_utils, async_utils, server_control, Sample)
+        yield env
+        env.run(fv.close_session())
+        if http_utils._http_client is not None:
+            env.run(http_utils._http_client.aclose())
+            http_utils._http_client = None
+    finally:
+        sys.path.remove(root)
+        _purge_vime()
+        for name in stubs:
+            sys.modules.pop(name, None)
+
+
+# ---- the vLLM server on its own thread ---------------------------------------------------------
+@contextlib.contextmanager
+def server_thread(**options: Any) -> Iterator[Any]:
+    """A vLLM-dialect server (tests/vime_double/vllm_server.py) on a loop of its own."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True, name="vllm-server")
+    thread.start()
+    server = vllm_server.VllmDouble(**options)
+    asyncio.run_coroutine_threadsafe(server.start(), loop).result(10)
+    try:
+        yield server
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+
+
+# ---- per-test wiring -----------------------------------------------------------------------------
+REWARDS: Counter[int] = Counter()
+
+
+async def count_reward(args: Any, sample: Any, **kwargs: Any) -> float:
+    """The tests' reward function: counts calls per sample index."""
+    REWARDS[sample.index] += 1
+    return float(sample.response_length)
+
+
+@contextlib.contextmanager
+def wired(env: VimeEnv) -> Iterator[Counter[int]]:
+    """Deterministic request ids ``s<index>a<attempt>`` (the server keys tokens by them)."""
+    env.reset()
+    attempts: Counter[int] = Counter()
+
+    def rid(sample: Any) -> str:
+        value = f"s{sample.index:03d}a{attempts[sample.index]:02d}"
+        attempts[sample.index] += 1
+        return value
+
+    env.http_utils.init_http_client(
+        SimpleNamespace(rollout_num_engines=1, vllm_server_concurrency=8, use_distributed_post=False)
+    )
+    patch = pytest.MonkeyPatch()
+    patch.setattr(_generate, "new_rid", rid)
+    try:
+        yield attempts
+    finally:
+        patch.undo()
+        env.reset()
+
+
+def make_args(env: VimeEnv, server: Any, **overrides: Any) -> SimpleNamespace:
+    args = SimpleNamespace(
+        hf_checkpoint="fake-model",
+        vllm_router_ip=server.host,
+        vllm_router_port=server.port,
+        vllm_server_concurrency=8,
+        vllm_dp_size=None,
+        vllm_enable_deterministic_inference=False,
+        rollout_num_engines=1,
+        use_distributed_post=False,
+        rollout_temperature=1.0,
+        rollout_top_p=1.0,
+        rollout_top_k=-1,
+        rollout_max_response_len=40,
+        rollout_stop=None,
+        rollout_stop_token_ids=None,
+        rollout_skip_special_tokens=False,
+        rollout_seed=0,
+        ci_test=False,
+        partial_rollout=False,
+        mask_offpolicy_in_partial_rollout=False,
+        group_rm=False,
+        custom_generate_function_path="fastaccum.vime.generate",
+        custom_rm_path="fastaccum_vime_harness.count_reward",
+        rm_type=None,
+        reward_key=None,
+        rollout_batch_size=1,
+        n_samples_per_prompt=1,
+        over_sampling_batch_size=1,
+        dynamic_sampling_filter_path=None,
+        rollout_sample_filter_path=None,
+        rollout_all_samples_process_path=None,
+        rollout_sample_hook_path=None,
+        rollout_data_transport="object-store",
+        use_rollout_routing_replay=False,
+        num_layers=server.expert_shape[0],
+        moe_router_topk=server.expert_shape[1],
+        router_policy=None,
+        fastaccum_idle_timeout=5.0,
+        fastaccum_idle_poll_interval=0.02,
+    )
+    for key, value in overrides.items():
+        setattr(args, key, value)
+    return args
+
+
+class BufferedPrompts:
+    """A data source with vime's buffer semantics: buffered groups first, whole groups only."""
+
+    def __init__(self, env: VimeEnv, args: Any) -> None:
+        self.env, self.args = env, args
+        self.buffer: list[list[Any]] = []
+        self.next_index = 0
+        self.added: list[list[list[Any]]] = []
+        self.created: list[list[Any]] = []
+
+    def get_samples(self, num_groups: int) -> list[list[Any]]:
+        groups, self.buffer = self.buffer[:num_groups], self.buffer[num_groups:]
+        while len(groups) < num_groups:
+            group = []
+            for _ in range(self.args.n_samples_per_prompt):
+                group.append(self.env.Sample(index=self.next_index, group_index=len(self.created), prompt=PROMPT))
+                self.next_index += 1
+            groups.append(group)
+            self.created.append(group)
+        return groups
+
+    def add_samples(self, groups: list[list[Any]]) -> None:
+        for group in groups:
+            assert len(group) == self.args.n_samples_per_prompt
+        self.buffer.extend(groups)
+        self.added.append(groups)
+
+
+def new_sample(env: VimeEnv, index: int = 0) -> Any:
+    return env.Sample(index=index, prompt=PROMPT)
+
+
+def sampling_params(env: VimeEnv, args: Any) -> dict[str, Any]:
+    return env.rollout.GenerateState(args).sampling_params.copy()
+
+
+def prompt_ids() -> list[int]:
+    return FakeTokenizer().encode(PROMPT)
+
+
+async def wait_until(predicate: Any, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.005)
+
+
+def generate_and_rm(env: VimeEnv, args: Any, sample: Any) -> Any:
+    """One sample the way vime's rollout runs it (request-abort line: inside the wrapper that
+    registers the task for abort's cancel)."""
+    return env.rollout.generate_and_rm(args, sample, sampling_params(env, args))
+
+
+def assert_call(sample: Any, server: Any, rid: str, start: int, n: int, prompt_tokens: int) -> None:
+    """Response positions [start, start + n) are exactly ``rid``'s first n tokens (no duplicates)."""
+    gen = server.expected(rid, n, prompt_tokens=prompt_tokens)
+    base = len(prompt_ids())
+    assert sample.tokens[base + start : base + start + n] == list(gen.token_ids)
+    assert sample.rollout_log_probs[start : start + n] == [float(x) for x in gen.logprobs]
+
+
+# ---- scenarios -----------------------------------------------------------------------------------
+def scenario_complete(env: VimeEnv, skip_special_tokens: bool) -> None:
+    """A finished call: tokens, log-probs, text decoded once with vime's skip rule, loss mask,
+    weight version, usage and status, from one request with vime's request body."""
+    with server_thread() as srv, wired(env):
+        args = make_args(env, srv, rollout_max_response_len=30, rollout_skip_special_tokens=skip_special_tokens)
+        srv.plans["s001a00"] = {"stop_at": 7}
+
+        async def main() -> tuple[Any, Any]:
+            truncated = await fv.generate(args, new_sample(env, 0), sampling_params(env, args))
+            stopped = await fv.generate(args, new_sample(env, 1), sampling_params(env, args))
+            return truncated, stopped
+
+        before = FakeTokenizer.decodes
+        truncated, stopped = env.run(main())
+        assert FakeTokenizer.decodes == before + 2  # once per call, never per chunk
+        gen = srv.expected("s000a00", 30, prompt_tokens=len(prompt_ids()))
+        assert truncated.tokens == prompt_ids() + list(gen.token_ids)
+        assert all(type(t) is int for t in truncated.tokens)
+        assert truncated.rollout_log_probs == [float(x) for x in gen.logprobs]
+        assert truncated.response == FakeTokenizer().decode(gen.token_ids, skip_special_tokens=skip_special_tokens)
+        assert truncated.response_length == 30 and truncated.loss_mask == [1] * 30
+        assert truncated.status == env.Sample.Status.TRUNCATED
+        assert truncated.weight_versions == ["w1"]
+        assert truncated.prefix_cache_info.total_prompt_tokens == len(prompt_ids())
+        assert stopped.status == env.Sample.Status.COMPLETED and stopped.response_length == 7
+        (timing,) = truncated.metadata["fastaccum_timing"]
+        assert timing["tokens"] == 30
+        body = srv.stats.payloads[0]
+        assert body["token_ids"] == prompt_ids() and body["model"] == "fake-model"
+        assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+        assert body["request_id"] == "s000a00"
+        assert body["sampling_params"]["max_tokens"] == 30 and body["sampling_params"]["logprobs"] == 1
+        assert body["sampling_params"]["skip_special_tokens"] is skip_special_tokens
+
+
+def scenario_rollout_abort_and_resume(env: VimeEnv, cancel_endpoint: bool) -> None:
+    """vime's rollout loop, aborted while requests run: the cut sample holds exactly the tokens
+    it received and is ABORTED; its completed sibling comes back unchanged with its reward; only
+    the group with a non-empty prefix is buffered; no server-wide abort; the server is idle and
+    vime's ``abort`` restored when the rollout returns; the resume continues without duplicates,
+    with max_tokens reduced by what was kept."""
+    with server_thread(token_rate=400, cancel_endpoint=cancel_endpoint) as srv, wired(env):
+        args = make_args(
+            env,
+            srv,
+            rollout_max_response_len=2000,
+            partial_rollout=True,
+            n_samples_per_prompt=2,
+            over_sampling_batch_size=3,
+        )
+        srv.plans.update({"s000a00": {"stop_at": 60}, "s001a00": {"stop_at": 80}, "s002a00": {"stop_at": 2}})
+        srv.plans.update({"s004a00": {"wait": 30}, "s005a00": {"wait": 30}})
+        source = BufferedPrompts(env, args)
+        stock_abort = env.rollout.abort
+        out = fv.generate_rollout(args, 0, source)
+        assert env.rollout.abort is stock_abort
+        assert srv.running == 0  # idle when the rollout returns
+        (done,) = out.samples
+        assert [s.index for s in done] == [0, 1] and all(s.status == env.Sample.Status.COMPLETED for s in done)
+        first, second, third = source.created
+        assert source.added == [[second]]  # only the group that kept a prefix
+        sibling, cut = second
+        assert sibling.status == env.Sample.Status.COMPLETED and sibling.response_length == 2
+        assert REWARDS[2] == 1 and sibling.reward == 2.0
+        k = cut.response_length
+        assert cut.status == env.Sample.Status.ABORTED and cut.reward is None
+        assert 0 < k <= srv.stats.written["s003a00"], (k, srv.stats.written)
+        assert_call(cut, srv, "s003a00", 0, k, len(prompt_ids()))
+        assert cut.response == FakeTokenizer().decode(cut.tokens[len(prompt_ids()) :])
+        assert len(cut.loss_mask) == len(cut.rollout_log_probs) == k
+        assert cut.metadata["start_rollout_id"] == 0 and cut.weight_versions == ["w1"]
+        assert all(s.status == env.Sample.Status.ABORTED and s.response_length == 0 for s in third)
+        assert {} not in srv.stats.abort_bodies  # never server-wide
+        named = [rid for body in srv.stats.abort_bodies for rid in body["request_ids"]]
+        if cancel_endpoint:  # probed once with an unknown id, then the cut ids named
+            assert named[0].startswith("fastaccum-probe-") and "s003a00" in named[1:]
+        else:
+            assert named == []
+
+        srv.plans["s003a01"] = {"stop_at": 5}
+        args.over_sampling_batch_size = 1
+        out = fv.generate_rollout(args, 1, source)
+        assert out.samples == [second] and srv.running == 0
+        assert sibling.status == env.Sample.Status.COMPLETED and REWARDS[2] == 1  # not generated again
+        body = srv.stats.payloads[-1]
+        assert body["request_id"] == "s003a01" and body["token_ids"] == cut.tokens[: len(prompt_ids()) + k]
+        assert body["sampling_params"]["max_tokens"] == 2000 - k
+        assert cut.status == env.Sample.Status.COMPLETED and cut.response_length == k + 5
+        assert_call(cut, srv, "s003a00", 0, k, len(prompt_ids()))
+        assert_call(cut, srv, "s003a01", k, 5, len(prompt_ids()) + k)
+        assert len(cut.loss_mask) == len(cut.rollout_log_probs) == k + 5
+        assert cut.weight_versions == ["w1", "w1"]
+
+
+async def _started(srv: Any, coro: Any, rid: str, tokens: int) -> asyncio.Task:
+    task = asyncio.get_running_loop().create_task(coro)
+    await wait_until(lambda: srv.stats.written.get(rid, 0) >= tokens)
+    await asyncio.sleep(0.15)  # past the client's read window: the client holds some tokens
+    return task
+
+
+def scenario_server_abort_outside_rollout_abort(env: VimeEnv, shape: str) -> None:
+    """The server aborts a running request while no rollout abort runs. vLLM 0.32 on ends it
+    with finish_reason "abort": committed ABORTED with its prefix. Before 0.32 the stream ends
+    with [DONE] and no finish_reason: the call fails with nothing committed, never complete."""
+    import aiohttp
+
+    from fastaccum.errors import StreamTruncatedError
+
+    with server_thread(token_rate=400, shape=shape) as srv, wired(env):
+        args = make_args(env, srv, rollout_max_response_len=2000)
+        sample = new_sample(env)
+
+        async def main() -> None:
+            task = await _started(srv, generate_and_rm(env, args, sample), "s000a00", 5)
+            async with aiohttp.ClientSession() as session:
+                await session.post(srv.url + "/abort_requests", json={})
+            if shape == "0.31":
+                with pytest.raises(StreamTruncatedError, match="vLLM before 0.32"):
+                    await task
+            else:
+                await task
+
+        env.run(main())
+        if shape == "0.31":
+            assert sample.status == env.Sample.Status.PENDING and sample.response_length == 0
+            assert sample.tokens == prompt_ids() and sample.loss_mask is None
+        else:
+            k = sample.response_length
+            assert sample.status == env.Sample.Status.ABORTED and k == srv.stats.written["s000a00"] > 0
+            assert_call(sample, srv, "s000a00", 0, k, len(prompt_ids()))
+            assert sample.reward is None and sample.weight_versions == ["w1"]
+
+
+def scenario_routed_experts(env: VimeEnv) -> None:
+    """The finishing chunk's .npy routed experts become vime's int32 tensor of
+    (len(tokens) - 1, layers, topk); a resume replaces them with the whole sequence's."""
+    with server_thread(routed_experts=True, stream_interval=5, num_experts=300) as srv, wired(env):
+        args = make_args(env, srv, use_rollout_routing_replay=True, rollout_max_response_len=30)
+        sample = env.run(fv.generate(args, new_sample(env), sampling_params(env, args)))
+        gen = srv.expected("s000a00", 30, prompt_tokens=len(prompt_ids()), routed=True)
+        experts = sample.rollout_routed_experts
+        assert experts.dtype == __import__("torch").int32
+        assert tuple(experts.shape) == (len(sample.tokens) - 1, *srv.expert_shape)
+        assert (experts.numpy() == gen.routed_experts).all()
+        sample.status = env.Sample.Status.ABORTED  # resumed: the server routes the whole sequence
+        params = sampling_params(env, args)
+        params["max_new_tokens"] = 40
+        env.run(fv.generate(args, sample, params))
+        gen = srv.expected("s000a01", 10, prompt_tokens=len(prompt_ids()) + 30, routed=True)
+        assert tuple(sample.rollout_routed_experts.shape) == (len(prompt_ids()) + 39, *srv.expert_shape)
+        assert (sample.rollout_routed_experts.numpy() == gen.routed_experts).all()
+
+
+def scenario_sampling_mask(env: VimeEnv) -> None:
+    """vLLM's per-chunk sampling_mask becomes vime's top-p CSR (int32 ids and offsets): for a
+    finished call, and for a cut prefix (a row for every token kept, as the rows came)."""
+    with server_thread(sampling_mask=True, stream_interval=3, token_rate=400) as srv, wired(env):
+        args = make_args(env, srv, rollout_top_p=0.9, rollout_max_response_len=30)
+        sample = env.run(fv.generate(args, new_sample(env), sampling_params(env, args)))
+        rows = srv.expected("s000a00", 30, prompt_tokens=len(prompt_ids())).top_p_rows
+        ids, offsets = sample.rollout_top_p_token_ids, sample.rollout_top_p_token_offsets
+        assert ids.dtype == offsets.dtype == __import__("torch").int32
+        assert offsets.tolist() == [sum(len(r) for r in rows[:i]) for i in range(31)]
+        assert ids.tolist() == [t for row in rows for t in row]
+
+        env.reset()  # a new GenerateState for the new budget
+        args = make_args(env, srv, rollout_top_p=0.9, rollout_max_response_len=2000)
+        cut = new_sample(env, 1)
+
+        async def main() -> None:
+            task = await _started(srv, generate_and_rm(env, args, cut), "s001a00", 9)
+            await fv.request_abort(args, 0)
+            await task
+
+        env.run(main())
+        k = cut.response_length
+        assert cut.status == env.Sample.Status.ABORTED and k > 0
+        rows = srv.expected("s001a00", k, prompt_tokens=len(prompt_ids())).top_p_rows
+        assert cut.rollout_top_p_token_offsets.tolist() == [sum(len(r) for r in rows[:i]) for i in range(k + 1)]
+        assert cut.rollout_top_p_token_ids.tolist() == [t for row in rows for t in row]
+        assert srv.running == 0
+
+
+def scenario_unrelated_cancellation_propagates(env: VimeEnv) -> None:
+    """A cancel that is not the rollout abort's leaves the sample as it was and propagates, also
+    when it arrives together with the abort's."""
+    from fastaccum.vime import _pools
+
+    with server_thread(token_rate=400) as srv, wired(env):
+        args = make_args(env, srv, rollout_max_response_len=2000)
+        sample, other = new_sample(env, 0), new_sample(env, 1)
+
+        async def main() -> None:
+            task = await _started(srv, generate_and_rm(env, args, sample), "s000a00", 5)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            state = env.rollout.GenerateState(args)
+            task = asyncio.get_running_loop().create_task(fv.generate(args, other, sampling_params(env, args)))
+            if env.line == "request-abort":
+                state.cancellable_tasks.add(task)  # as vime's wrapper does
+            await wait_until(lambda: srv.stats.written.get("s001a00", 0) >= 5)
+            if env.line == "request-abort":  # what vime's abort() does to a registered task
+                state.aborted = True
+                state.cancellable_tasks.discard(task)
+                task.cancel()
+            else:
+                for stream in list(_pools.registry().request_streams):
+                    stream.abort()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        env.run(main())
+        for s in (sample, other):
+            assert s.response_length == 0 and s.response == "" and s.loss_mask is None
+            assert s.status == env.Sample.Status.PENDING
+
+
+def scenario_budget_and_headers(env: VimeEnv) -> None:
+    """max_new_tokens is reduced by what the sample holds (spent: TRUNCATED, no request; overrun:
+    refused); the session header goes out under vime's consistent_hash policy; bad settings fail."""
+    with server_thread() as srv, wired(env):
+        args = make_args(env, srv, router_policy="consistent_hash", rollout_max_response_len=3)
+        sample = new_sample(env)
+        sample.session_id = "session-1"
+        env.run(fv.generate(args, sample, sampling_params(env, args)))
+        assert srv.stats.headers[0]["x-session-id"] == "session-1"
+        sample.status = env.Sample.Status.ABORTED
+        env.run(fv.generate(args, sample, sampling_params(env, args)))
+        assert sample.status == env.Sample.Status.TRUNCATED and srv.stats.requests == 1
+        sample.status = env.Sample.Status.ABORTED
+        params = sampling_params(env, args)
+        params["max_new_tokens"] = 2
+        with pytest.raises(ValueError, match="max_new_tokens"):
+            env.run(fv.generate(args, sample, params))
+        for key, value in (("fastaccum_transport", "aiohttp"), ("fastaccum_abort_mode", "x")):
+            bad = make_args(env, srv, **{key: value})
+            with pytest.raises(ValueError, match=key):
+                env.run(fv.generate(bad, new_sample(env, 2), sampling_params(env, bad)))
+        assert srv.stats.requests == 1
+
+
+def scenario_register_then_check(env: VimeEnv) -> None:
+    """A call that starts after the rollout abort began sends nothing."""
+    with server_thread() as srv, wired(env):
+        args = make_args(env, srv)
+        env.rollout.GenerateState(args).aborted = True
+        sample = env.run(fv.generate(args, new_sample(env), sampling_params(env, args)))
+        assert sample.status == env.Sample.Status.ABORTED and sample.response_length == 0
+        assert srv.stats.requests == 0
+
+
+SCENARIOS: list[tuple[Any, dict[str, Any]]] = [
+    (scenario_complete, {"skip_special_tokens": False}),
+    (scenario_complete, {"skip_special_tokens": True}),
+    (scenario_rollout_abort_and_resume, {"cancel_endpoint": True}),
+    (scenario_rollout_abort_and_resume, {"cancel_endpoint": False}),
+    (scenario_server_abort_outside_rollout_abort, {"shape": "0.32"}),
+    (scenario_server_abort_outside_rollout_abort, {"shape": "0.31"}),
+    (scenario_routed_experts, {}),
+    (scenario_sampling_mask, {}),
+    (scenario_unrelated_cancellation_propagates, {}),
+    (scenario_budget_and_headers, {}),
+    (scenario_register_then_check, {}),
+]
+
+
+def scenario_params() -> list[Any]:
+    return [
+        pytest.param(fn, kwargs, id=fn.__name__.removeprefix("scenario_") + "".join(f"-{v}" for v in kwargs.values()))
+        for fn, kwargs in SCENARIOS
+    ]

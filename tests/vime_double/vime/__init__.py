@@ -1,0 +1,1 @@
+"""vime test double (tests/vime_double/README.md): not vime."""
