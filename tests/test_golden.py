@@ -129,8 +129,13 @@ def _check_result(result: Any, expect: dict[str, Any], entry: dict[str, Any]) ->
     _check_array(result.indexer_topk, expect.get("indexer_topk"))
 
 
-def _accumulate(impl: ModuleType, pieces: list[bytes], entry: dict[str, Any], mode: str) -> Any:
-    return impl.accumulate(pieces, mode=mode, **_replay_options(entry["source"]))
+def _dialect(version: str) -> str:
+    """Dynamo's goldens (tests/golden/dynamo-<version>/) are read as dialect "dynamo"."""
+    return "dynamo" if version.startswith("dynamo-") else "sglang"
+
+
+def _accumulate(impl: ModuleType, pieces: list[bytes], entry: dict[str, Any], mode: str, version: str) -> Any:
+    return impl.accumulate(pieces, mode=mode, dialect=_dialect(version), **_replay_options(entry["source"]))
 
 
 @pytest.mark.parametrize(("version", "name", "entry"), CASES)
@@ -143,11 +148,11 @@ def test_golden_replays_to_expected_result(
     expect = entry["expect"]
     if expect["outcome"] == "ok":
         for mode in (expect["mode"], "auto"):
-            result = _accumulate(impl, pieces, entry, mode)
+            result = _accumulate(impl, pieces, entry, mode, version)
             assert result.mode in (expect["mode"], "auto") if mode == "auto" else result.mode == mode
             _check_result(result, expect, entry)
         return
-    acc = impl.StreamAccumulator(mode="auto")
+    acc = impl.StreamAccumulator(mode="auto", dialect=_dialect(version))
     if expect["outcome"] == "server_error":
         with pytest.raises(ServerError) as info:
             for piece in pieces:
@@ -157,7 +162,9 @@ def test_golden_replays_to_expected_result(
         assert info.value.message == expect["message"]
     else:
         assert expect["outcome"] == "truncated"
-        with pytest.raises(StreamTruncatedError):
+        # Dynamo's two early ends say which they are (docs/dialects.md)
+        why = {"killed": "Dynamo ends a request it killed", "stopped": "Dynamo stopped the request"}
+        with pytest.raises(StreamTruncatedError, match=why.get(entry.get("end", {}).get("kind"))):
             for piece in pieces:
                 acc.feed(piece)
             acc.finish()
@@ -296,8 +303,8 @@ def test_emulator_stream_parses_like_golden(impl: ModuleType, version: str, name
         with pytest.raises(ServerError):
             impl.accumulate([emulated])
         return
-    ours = _accumulate(impl, [emulated], entry, expect["mode"])
-    theirs = _accumulate(impl, [(GOLDEN / version / entry["file"]).read_bytes()], entry, expect["mode"])
+    ours = _accumulate(impl, [emulated], entry, expect["mode"], version)
+    theirs = _accumulate(impl, [(GOLDEN / version / entry["file"]).read_bytes()], entry, expect["mode"], version)
     assert ours.token_ids.tolist() == theirs.token_ids.tolist()
     assert ours.text == theirs.text
     assert ours.finish_reason == theirs.finish_reason
@@ -339,3 +346,13 @@ def test_sglang_regenerates_committed_goldens(tmp_path: Path) -> None:
     assert sorted(fresh) == sorted(kept)
     changed = [name for name in sorted(fresh) if fresh[name] != kept[name]]
     assert not changed, f"SGLang {out_dir.name} now writes different bytes for: {changed}"
+
+
+def test_dynamo_goldens_regenerate_byte_for_byte() -> None:
+    """Dynamo's goldens are SGLang's incremental goldens with Dynamo's side applied
+    (tools/sglang_ref/dynamo_goldens.py, stdlib only): a rerun writes the committed bytes."""
+    script = ROOT / "tools" / "sglang_ref" / "dynamo_goldens.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--out", str(GOLDEN), "--check"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
