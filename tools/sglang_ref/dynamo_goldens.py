@@ -153,30 +153,67 @@ class DynScenario:
 
 
 SCENARIOS = [
-    DynScenario("dyn_i1_text", "inc_i1_text", "ok", "text + logprobs, every step; meta_info.id = body rid",
-                rid="dyn-i1-text"),
-    DynScenario("dyn_skip_tokenizer", "inc_skip_tokenizer", "ok",
-                "worker under --skip-tokenizer-init (no text key); no body rid: id = x-request-id header",
-                header_rid="dyn-header-rid"),
+    DynScenario(
+        "dyn_i1_text", "inc_i1_text", "ok", "text + logprobs, every step; meta_info.id = body rid", rid="dyn-i1-text"
+    ),
+    DynScenario(
+        "dyn_skip_tokenizer",
+        "inc_skip_tokenizer",
+        "ok",
+        "worker under --skip-tokenizer-init (no text key); no body rid: id = x-request-id header",
+        header_rid="dyn-header-rid",
+    ),
     DynScenario("dyn_no_logprob", "inc_no_logprob", "ok", "return_logprob false", rid="dyn-no-logprob"),
-    DynScenario("dyn_experts", "inc_experts", "ok", "routed experts (base64, terminal event only) + logprobs",
-                rid="dyn-experts"),
-    DynScenario("dyn_experts_skip_tokenizer", "inc_experts_skip_tokenizer", "ok",
-                "routed experts encoded by the tokenizer manager under --skip-tokenizer-init", rid="dyn-experts-skip"),
-    DynScenario("dyn_keepalive", "inc_i1_text", "ok",
-                "DYN_HTTP_SSE_KEEP_ALIVE_INTERVAL_MS set: ':' comments while idle (before the first event, mid-stream)",
-                rid="dyn-keepalive", keep_alive=(0, 5, 6)),
-    DynScenario("dyn_error", "inc_error", "error_event",
-                "backend error after 3 events: Dynamo's sanitized error event + [DONE] (SGLang's own message is not sent)",
-                rid="dyn-error"),
-    DynScenario("dyn_error_first", "inc_error", "error_event",
-                "backend error before any event: HTTP 200, then the error event + [DONE]", keep=0, rid="dyn-error-first"),
-    DynScenario("dyn_killed", "inc_i1_text", "killed",
-                "engine context killed (backend inactivity timeout / client gone) after 5 events: no [DONE]",
-                keep=5, rid="dyn-killed"),
-    DynScenario("dyn_stopped", "inc_experts", "stopped",
-                "graceful stop_generating after 6 events: later SGLang output (finish reason, routed experts) dropped, then [DONE]",
-                keep=6, rid="dyn-stopped"),
+    DynScenario(
+        "dyn_experts", "inc_experts", "ok", "routed experts (base64, terminal event only) + logprobs", rid="dyn-experts"
+    ),
+    DynScenario(
+        "dyn_experts_skip_tokenizer",
+        "inc_experts_skip_tokenizer",
+        "ok",
+        "routed experts encoded by the tokenizer manager under --skip-tokenizer-init",
+        rid="dyn-experts-skip",
+    ),
+    DynScenario(
+        "dyn_keepalive",
+        "inc_i1_text",
+        "ok",
+        "DYN_HTTP_SSE_KEEP_ALIVE_INTERVAL_MS set: ':' comments while idle (before the first event, mid-stream)",
+        rid="dyn-keepalive",
+        keep_alive=(0, 5, 6),
+    ),
+    DynScenario(
+        "dyn_error",
+        "inc_error",
+        "error_event",
+        "backend error after 3 events: Dynamo's sanitized error event + [DONE] (SGLang's own message is not sent)",
+        rid="dyn-error",
+    ),
+    DynScenario(
+        "dyn_error_first",
+        "inc_error",
+        "error_event",
+        "backend error before any event: HTTP 200, then the error event + [DONE]",
+        keep=0,
+        rid="dyn-error-first",
+    ),
+    DynScenario(
+        "dyn_killed",
+        "inc_i1_text",
+        "killed",
+        "engine context killed (backend inactivity timeout / client gone) after 5 events: no [DONE]",
+        keep=5,
+        rid="dyn-killed",
+    ),
+    DynScenario(
+        "dyn_stopped",
+        "inc_experts",
+        "stopped",
+        "graceful stop_generating after 6 events: later SGLang output (finish reason, routed experts) "
+        "dropped, then [DONE]",
+        keep=6,
+        rid="dyn-stopped",
+    ),
 ]
 
 
@@ -278,7 +315,7 @@ def generate(golden: Path) -> dict[str, bytes]:
         "transformation": (
             "SGLang's incremental events, meta_info.id -> public request id (key order kept), "
             "serde_json compact + axum SSE 'data: ' framing; ends: [DONE] | error event "
-            "{\"error\":{\"message\":\"Internal server error\"}} + [DONE] | killed: no [DONE] | "
+            '{"error":{"message":"Internal server error"}} + [DONE] | killed: no [DONE] | '
             "stopped: [DONE] without a finish reason; keep-alive ':\\n\\n'"
         ),
         "scenarios": scenarios,
