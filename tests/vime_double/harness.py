@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import importlib
 import importlib.util
 import sys
 import threading
@@ -636,4 +637,91 @@ def scenario_params() -> list[Any]:
     return [
         pytest.param(fn, kwargs, id=fn.__name__.removeprefix("scenario_") + "".join(f"-{v}" for v in kwargs.values()))
         for fn, kwargs in SCENARIOS
+    ]
+
+
+# ---- vime's own streaming reader on the same streams (a real tree only) ------------------------
+def _in_tree(env: VimeEnv) -> Any:
+    return importlib.import_module("vime.rollout.vllm_streaming_rollout").generate_streaming
+
+
+def comparable(sample: Any) -> dict[str, Any]:
+    """What both readers commit, as plain values (vime's reader leaves loss_mask None on a fresh
+    sample where vime's append_response_tokens, and so fastaccum, writes ones: compared as such)."""
+
+    def plain(value: Any) -> Any:
+        return None if value is None else value.tolist() if hasattr(value, "tolist") else list(value)
+
+    return {
+        "tokens": list(sample.tokens),
+        "response": sample.response,
+        "response_length": sample.response_length,
+        "loss_mask": sample.loss_mask if sample.loss_mask is not None else [1] * sample.response_length,
+        "rollout_log_probs": list(sample.rollout_log_probs or []),
+        "status": sample.status,
+        "weight_versions": list(sample.weight_versions),
+        "top_p_ids": plain(sample.rollout_top_p_token_ids),
+        "top_p_offsets": plain(sample.rollout_top_p_token_offsets),
+        "routed_experts": plain(sample.rollout_routed_experts),
+        "prefix_cache": (sample.prefix_cache_info.cached_tokens, sample.prefix_cache_info.total_prompt_tokens),
+    }
+
+
+def scenario_in_tree_same_results(env: VimeEnv, stop: bool) -> None:
+    """On the same vLLM stream (routed experts, sampling mask, interval 3), vime's
+    generate_streaming and fastaccum.vime.generate commit the same sample."""
+    options = {"routed_experts": True, "sampling_mask": True, "stream_interval": 3, "key_by_prompt": True}
+    with server_thread(**options) as srv, wired(env):
+        args = make_args(env, srv, rollout_max_response_len=50, rollout_top_p=0.9, use_rollout_routing_replay=True)
+        if stop:
+            srv.plans[srv.key_of({"token_ids": prompt_ids()})] = {"stop_at": 17}
+        ours = env.run(fv.generate(args, new_sample(env, 0), sampling_params(env, args)))
+        theirs = env.run(_in_tree(env)(args, new_sample(env, 0), sampling_params(env, args)))
+        assert theirs.loss_mask is None  # vime's streaming reader never sets it on a fresh sample
+        assert comparable(ours) == comparable(theirs)
+        assert ours.response_length == (17 if stop else 50)
+
+
+def scenario_in_tree_server_abort_before_0_32(env: VimeEnv) -> None:
+    """A server-side abort on vLLM before 0.32 ([DONE], no finish_reason), no rollout abort
+    running: vime's reader raises after writing the partial tokens onto the sample; fastaccum
+    raises with the sample untouched."""
+    from fastaccum.errors import StreamTruncatedError
+
+    with server_thread(token_rate=400, shape="0.31", key_by_prompt=True) as srv, wired(env):
+        args = make_args(env, srv, rollout_max_response_len=2000)
+        key = srv.key_of({"token_ids": prompt_ids()})
+
+        async def run(generate: Any, sample: Any) -> BaseException:
+            import aiohttp
+
+            task = asyncio.get_running_loop().create_task(generate(args, sample, sampling_params(env, args)))
+            await wait_until(lambda: srv.stats.written.get(key, 0) >= 5)
+            await asyncio.sleep(0.15)
+            async with aiohttp.ClientSession() as session:
+                await session.post(srv.url + "/abort_requests", json={})
+            try:
+                await task
+            except Exception as exc:
+                return exc
+            raise AssertionError("the call returned")
+
+        ours, theirs = new_sample(env, 0), new_sample(env, 1)
+        assert isinstance(env.run(run(fv.generate, ours)), StreamTruncatedError)
+        assert "without a terminal finish_reason" in str(env.run(run(_in_tree(env), theirs)))
+        assert ours.response_length == 0 and ours.status == env.Sample.Status.PENDING
+        assert theirs.response_length > 0 and theirs.status == env.Sample.Status.PENDING  # half-written
+
+
+IN_TREE: list[tuple[Any, dict[str, Any]]] = [
+    (scenario_in_tree_same_results, {"stop": False}),
+    (scenario_in_tree_same_results, {"stop": True}),
+    (scenario_in_tree_server_abort_before_0_32, {}),
+]
+
+
+def in_tree_params() -> list[Any]:
+    return [
+        pytest.param(fn, kwargs, id=fn.__name__.removeprefix("scenario_") + "".join(f"-{v}" for v in kwargs.values()))
+        for fn, kwargs in IN_TREE
     ]

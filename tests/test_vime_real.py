@@ -1,0 +1,77 @@
+"""The vime adapter scenarios inside a real vllm-project/vime tree, and on the double, side by side.
+
+Skipped unless ``FASTACCUM_VIME_PATH`` points at one or more vime source trees (separated by
+``os.pathsep``; vime installs from source and its code is never committed here). To get one::
+
+    git clone https://github.com/vllm-project/vime && git -C vime checkout 2b83ea20
+    FASTACCUM_VIME_PATH=$PWD/vime pytest tests/test_vime_real.py
+
+docs/vime.md ("Testing inside vime") names the commit and the files the harness imports. Needs
+torch (CPU), numpy, httpx, aiohttp, tqdm, pillow and pybase64; ray, transformers, safetensors
+and the vime modules a partial tree may lack are stubbed by tests/vime_double/harness.py. Running
+the same scenarios on both is what keeps tests/vime_double faithful.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+VIME_PATH = os.environ.get("FASTACCUM_VIME_PATH")
+if not VIME_PATH:
+    pytest.skip(
+        "FASTACCUM_VIME_PATH is not set (a vllm-project/vime tree at 2b83ea20: git clone "
+        "https://github.com/vllm-project/vime; see docs/vime.md)",
+        allow_module_level=True,
+    )
+pytest.importorskip("torch")
+for needed in ("tqdm", "PIL", "pybase64", "httpx"):
+    pytest.importorskip(needed)
+
+
+def _load_harness() -> ModuleType:
+    name = "fastaccum_vime_harness"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parent / "vime_double" / "harness.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+harness = _load_harness()
+
+VIME_ROOTS = [str(Path(p).resolve()) for p in VIME_PATH.split(os.pathsep) if p]
+ENVS = [("double", harness.DOUBLE_ROOT, line) for line in harness.LINES] + [("real", root, None) for root in VIME_ROOTS]
+
+
+@pytest.fixture(scope="module", params=ENVS, ids=[f"{k}-{line or Path(root).name}" for k, root, line in ENVS])
+def env(request: pytest.FixtureRequest) -> Any:
+    kind, root, line = request.param
+    if kind == "real" and not (Path(root) / "vime" / "rollout" / "vllm_rollout.py").is_file():
+        pytest.skip(f"{root} is not a vime tree (no vime/rollout/vllm_rollout.py)")
+    with harness.vime_env(kind, root, line) as loaded:
+        if kind == "real":
+            assert Path(loaded.rollout.__file__).resolve().is_relative_to(Path(root)), "not the tree's vime"
+        yield loaded
+
+
+@pytest.mark.parametrize(("scenario", "kwargs"), harness.scenario_params())
+def test_scenario(env: Any, scenario: Any, kwargs: dict[str, Any]) -> None:
+    scenario(env, **kwargs)
+
+
+@pytest.mark.parametrize(("scenario", "kwargs"), harness.in_tree_params())
+def test_in_tree_reader(env: Any, scenario: Any, kwargs: dict[str, Any]) -> None:
+    """vime's own streaming reader on the same streams (only a real tree has it)."""
+    if env.kind != "real":
+        pytest.skip("the double does not model vime's generate_streaming")
+    scenario(env, **kwargs)
