@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -13,7 +14,7 @@ import orjson
 import pybase64
 import pytest
 
-from fastaccum import wire
+from fastaccum import wire, wire_vllm
 from fastaccum.emulator import ABORT_REASON, Emulator
 
 T = TypeVar("T")
@@ -463,3 +464,165 @@ def test_plain_text_has_none_of_the_separators_json_leaves_raw() -> None:
     plain = Emulator(plain_text=True).expected("r-1", 2000).text(0, 2000)
     assert not set(plain) & {"\u2028", "\u2029", "\x85"}
     assert set(Emulator().expected("r-1", 2000).text(0, 2000)) & {"\u2028", "\u2029", "\x85"}
+
+
+# ---- the other servers: Dynamo's frontend and vLLM's /inference/v1/generate ---------------------
+
+
+async def post_raw(url: str, path: str, body: Any, **kwargs: Any) -> tuple[int, bytes]:
+    async with aiohttp.ClientSession() as session, session.post(f"{url}{path}", json=body, **kwargs) as resp:
+        return resp.status, await resp.read()
+
+
+def test_dynamo_streams_sglang_incremental_events_with_the_public_id() -> None:
+    emulator = Emulator(dialect="dynamo", stream_interval=4)  # incremental, whatever was asked
+
+    async def main() -> tuple[bytes, Any, Any, tuple[int, bytes]]:
+        async with emulator as url:
+            _, body = await post_body(url, payload("dyn-1", 30, return_logprob=True))
+            headed = payload("", 3)
+            del headed["rid"]
+            _, by_header = await post_raw(url, "/generate", headed, headers={"x-request-id": "hdr-7"})
+            _, generated = await post_raw(url, "/generate", headed)
+            abort = await post_raw(url, "/abort_request", {"rid": "dyn-1"})
+            return body, events_of(by_header)[0], events_of(generated)[0], abort
+
+    body, by_header, generated, (abort_status, _) = run(main())
+    gen = emulator.expected("dyn-1", 30, prompt_tokens=len(PROMPT))
+    assert body == wire.stream_bytes(wire.stream_events(gen, wire.WireOptions(incremental=True), interval=4))
+    assert by_header["meta_info"]["id"] == "hdr-7"
+    assert len(generated["meta_info"]["id"]) == 36 and generated["meta_info"]["id"].count("-") == 4  # a UUID
+    assert abort_status == 404 and emulator.stats.calls["/abort_request"] == 1
+
+
+def test_dynamo_refuses_what_its_frontend_refuses() -> None:
+    async def main() -> list[tuple[int, bytes]]:
+        async with Emulator(dialect="dynamo") as url:
+            not_streamed = {**payload("d", 3), "stream": False}
+            text = {"text": "hi there", "rid": "d", "stream": True}
+            empty = {**payload("d", 3), "input_ids": []}
+            return [await post_raw(url, "/generate", body) for body in (not_streamed, text, empty)]
+
+    (s501, b501), (s400, b400), (empty_status, empty_body) = run(main())
+    assert s501 == 501 and b"set stream=true" in orjson.loads(b501)["error"]["message"].encode()
+    assert s400 == 400 and "input_ids" in orjson.loads(b400)["error"]["message"]
+    assert empty_status == 400 and orjson.loads(empty_body) == {"error": {"message": "input_ids cannot be empty."}}
+
+
+@pytest.mark.parametrize("kind", ["dynamo_error", "dynamo_killed", "dynamo_stopped"])
+def test_dynamo_faults_end_the_stream_as_its_frontend_does(kind: str) -> None:
+    emulator = Emulator(dialect="dynamo")
+
+    async def main() -> bytes:
+        async with emulator as url:
+            status, body = await post_body(url, payload("f-1", 10, fastaccum_fault={"kind": kind, "at": 2}))
+            assert status == 200  # a cleanly ended body: aiohttp read it whole
+            return body
+
+    body = run(main())
+    gen = emulator.expected("f-1", 10, prompt_tokens=len(PROMPT))
+    events = list(wire.stream_events(gen, wire.WireOptions(incremental=True, return_logprob=False)))
+    tails = {
+        "dynamo_error": wire.stream_bytes(events[:2], done=False)
+        + b'data: {"error":{"message":"Internal server error"}}\n\n',
+        "dynamo_killed": wire.stream_bytes(events[:3], done=False),
+        "dynamo_stopped": wire.stream_bytes(events[:3], done=False),
+    }
+    assert body == tails[kind] + (b"" if kind == "dynamo_killed" else wire.DONE)
+    assert events[2]["meta_info"]["finish_reason"] is None
+
+
+def vllm_body(rid: str, n: int, **extra: Any) -> dict[str, Any]:
+    params = {"max_tokens": n, "logprobs": 0, **extra.pop("sampling_params", {})}
+    return {"token_ids": PROMPT, "request_id": rid, "sampling_params": params, "stream": True, **extra}
+
+
+@pytest.mark.parametrize("shape", ["0.32", "0.31"])
+def test_vllm_stream_bytes_match_the_chunk_writer(shape: str) -> None:
+    emulator = Emulator(dialect="vllm", vllm_shape=shape, stream_interval=3)
+
+    async def main() -> tuple[bytes, bytes]:
+        async with emulator as url:
+            _, full = await post_raw(
+                url, "/inference/v1/generate", vllm_body("v-1", 20, stream_options={"include_usage": True})
+            )
+            _, bare = await post_raw(
+                url, "/inference/v1/generate", vllm_body("v-2", 5, sampling_params={"logprobs": None})
+            )
+            return full, bare
+
+    full, bare = run(main())
+    gen = dataclasses.replace(emulator.expected("v-1", 20, prompt_tokens=len(PROMPT)), finish_reason={"type": "length"})
+    assert full == wire_vllm.stream_bytes(wire_vllm.stream_chunks(gen, shape=shape, interval=3))
+    gen = dataclasses.replace(emulator.expected("v-2", 5, prompt_tokens=len(PROMPT)), finish_reason={"type": "length"})
+    chunks = wire_vllm.stream_chunks(gen, shape=shape, interval=3, logprobs=False, usage=False)
+    assert bare == wire_vllm.stream_bytes(chunks)
+
+
+def test_vllm_routed_experts_sampling_mask_and_stop_tokens() -> None:
+    emulator = Emulator(dialect="vllm", enable_return_routed_experts=True, num_layers=3, topk=2, num_experts=8)
+    stop = emulator.expected("v-1", 30, prompt_tokens=len(PROMPT)).token_ids[11]
+
+    async def main() -> list[Any]:
+        async with emulator as url:
+            body = vllm_body("v-1", 30, return_routed_experts=True, return_sampling_mask=True)
+            body["sampling_params"]["stop_token_ids"] = [stop]
+            return events_of((await post_raw(url, "/inference/v1/generate", body))[1])
+
+    *chunks, done = run(main())
+    assert done == "[DONE]" and len(chunks) == 12
+    gen = emulator.expected("v-1", 12, prompt_tokens=len(PROMPT), top_p=True, routed_experts=True)
+    last = chunks[-1]["choices"][0]
+    assert last["finish_reason"] == "stop" and last["stop_reason"] == stop
+    assert all(c["choices"][0]["routed_experts"] is None for c in chunks[:-1])
+    routed = np.load(io.BytesIO(pybase64.b64decode(last["routed_experts"])), allow_pickle=False)
+    assert routed.dtype == np.uint8 and np.array_equal(routed, gen.routed_experts)
+    assert [row for c in chunks for row in c["choices"][0]["sampling_mask"]] == [list(r) for r in gen.top_p_rows or ()]
+
+
+@pytest.mark.parametrize("shape", ["0.32", "0.31"])
+def test_vllm_abort_ends_the_stream_in_the_shape_of_its_release(shape: str) -> None:
+    emulator = Emulator(dialect="vllm", vllm_shape=shape, token_rate=200)
+
+    async def main() -> tuple[list[Any], Any, Any]:
+        async with emulator as url, aiohttp.ClientSession() as session:
+            body = vllm_body("a-1", 100_000, stream_options={"include_usage": True})
+            async with session.post(f"{url}/inference/v1/generate", json=body) as resp:
+                await resp.content.readuntil(b"\n\n")
+                busy = await (await session.get(f"{url}/load?include_inflight=true&inflight_limit=100")).json()
+                assert (await session.post(f"{url}/abort_requests", json={})).status == 200
+                rest = await resp.read()
+            idle = await (await session.get(f"{url}/load")).json()
+            return events_of(rest), busy, idle
+
+    events, busy, idle = run(main())
+    assert busy == {"server_load": 1} and idle == {"server_load": 0} and emulator.stats.aborted == 1
+    assert events[-1] == "[DONE]"
+    if shape == "0.32":
+        *_, abort, usage, _ = events
+        assert abort["choices"][0]["finish_reason"] == "abort" and abort["choices"][0]["token_ids"] == []
+        assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == emulator.stats.written["a-1"]
+    else:
+        assert all(e == "[DONE]" or e["choices"][0]["finish_reason"] is None for e in events)
+
+
+def test_vllm_error_fault_and_refusals() -> None:
+    emulator = Emulator(dialect="vllm")
+
+    async def main() -> list[tuple[int, bytes]]:
+        async with emulator as url:
+            fault = {"kind": "vllm_error", "message": "boom", "at": 1}
+            bodies = [vllm_body("e-1", 5, fastaccum_fault=fault), {**vllm_body("e-2", 5), "token_ids": "hi"}]
+            bodies.append(vllm_body("e-3", 5, fastaccum_fault={"kind": "dynamo_killed"}))
+            return [await post_raw(url, "/inference/v1/generate", body) for body in bodies]
+
+    (status, body), (bad_status, bad), (wrong_status, wrong) = run(main())
+    gen = emulator.expected("e-1", 5, prompt_tokens=len(PROMPT))
+    first = wire_vllm.sse(wire_vllm.chunk(gen, 0, 1))
+    assert status == 200 and body == first + wire_vllm.error_chunk("boom") + wire.DONE
+    assert bad_status == 400 and "token_ids" in orjson.loads(bad)["error"]["message"]
+    assert wrong_status == 400 and b"not one a vllm server produces" in wrong
+    with pytest.raises(ValueError, match="vllm_shape"):
+        Emulator(dialect="vllm", vllm_shape="0.30")
+    with pytest.raises(ValueError, match="dialect"):
+        Emulator(dialect="trtllm")

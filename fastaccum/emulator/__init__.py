@@ -32,6 +32,30 @@ server's ``fault`` option, a dict ``{"kind": …, "at": event index (default 1),
   output, as under memory pressure); an ``/abort_request`` then ends it with the abort echo chunk
   holding every token decoded so far; without one, it stays silent for ``seconds`` (default 30)
 - ``strip_keys``: every event's ``meta_info`` lacks the listed ``keys``
+
+Other servers (``dialect=``, docs/dialects.md; fastaccum.emulator._dialects):
+
+- ``"dynamo"``: Dynamo's frontend before SGLang workers. ``POST /generate`` streams SGLang's
+  incremental events (whatever ``incremental_streaming_output`` says) with ``meta_info.id`` the
+  public id (the body's ``rid``, else the ``x-request-id`` header, else a new UUID); streaming
+  only (501 otherwise), ``input_ids`` required; a repeated rid is no duplicate. No
+  ``/abort_request`` (404): a client that leaves aborts its request. Its own faults:
+  ``dynamo_error`` (``{"error":{"message":"Internal server error"}}`` then [DONE], instead of
+  event ``at``), ``dynamo_killed`` (the body ends cleanly after event ``at``, without [DONE]) and
+  ``dynamo_stopped`` ([DONE] after event ``at``, which has no finish_reason).
+- ``"vllm"``: ``POST /inference/v1/generate`` (``token_ids``, ``sampling_params`` with
+  ``max_tokens`` (default 16), ``logprobs`` (null: none), ``stop_token_ids``, ``stream_interval``;
+  ``stream_options.include_usage``, ``request_id``; ``return_routed_experts`` (with
+  ``enable_return_routed_experts``) and ``return_sampling_mask``, top level or in
+  ``sampling_params``), written by fastaccum.wire_vllm in the shape of ``vllm_shape``. An abort
+  (``Emulator.abort(request_id)``, exact ids, or ``POST /abort_requests`` with ``request_ids``,
+  ``{}``: all) takes effect before the next token: ``"0.32"`` ends with a chunk of no tokens and
+  finish_reason ``"abort"`` (then usage, [DONE]), ``"0.31"`` with [DONE] alone. ``GET /load``
+  answers ``{"server_load": requests held}``, ``GET /health`` is empty. Faults: ``vllm_error``
+  (``wire_vllm.error_chunk`` then [DONE], instead of event ``at``), and ``malformed_json``,
+  ``cut``, ``http_500``, ``stall``, ``coalesce``, ``split`` as above.
+
+``EmulatorStats.calls`` counts the requests each path received, served or not.
 """
 
 from fastaccum.emulator._requests import ABORT_REASON, FAULT_KEY, FAULT_KINDS, EmulatorStats

@@ -39,6 +39,11 @@ FAULT_KINDS = (
     "split",
     "retract",
     "strip_keys",
+    # what Dynamo's frontend and vLLM write (fastaccum.emulator._dialects)
+    "dynamo_error",
+    "dynamo_killed",
+    "dynamo_stopped",
+    "vllm_error",
 )
 # finish_reason of a running request ended by /abort_request (docs/wire-format.md, "finish_reason").
 ABORT_REASON: dict[str, Any] = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
@@ -58,6 +63,8 @@ class EmulatorStats:
     tokens: int = 0  # decoded tokens, all requests
     # rid -> completion tokens of the newest event whose write returned (streams only)
     written: dict[str, int] = dataclasses.field(default_factory=dict)
+    # path -> requests received on it, served or not (a 404 included): which control calls came
+    calls: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -122,9 +129,12 @@ def truncate(gen: Generation, n: int, reason: dict[str, Any]) -> Generation:
     )
 
 
-async def decode(req: Request, *, token_rate: float | None, count: Callable[[Request, int], None]) -> None:
+async def decode(
+    req: Request, *, token_rate: float | None, count: Callable[[Request, int], None], abort_step: int = 1
+) -> None:
     """Produce tokens and queue outputs at SGLang's emission points (docs/wire-format.md,
-    "Stream interval and coalescing")."""
+    "Stream interval and coalescing"). An abort decodes ``abort_step`` more tokens first (SGLang
+    one, vLLM none)."""
     n, fault_kind = len(req.gen.token_ids), req.fault.get("kind")
     points = set(wire.emission_points(n, req.interval, req.opts.version)[:-1])
     loop = asyncio.get_running_loop()
@@ -144,7 +154,7 @@ async def decode(req: Request, *, token_rate: float | None, count: Callable[[Req
         if req.abort_requested:
             # A running request decodes one more token before the abort applies
             # (docs/wire-format.md, "Aborts").
-            k = min(k + 1, n)
+            k = min(k + abort_step, n)
             count(req, k)
             push(k, terminal=True, reason=ABORT_REASON)
             return
@@ -193,10 +203,18 @@ def build_event(req: Request, outs: list[Output], *, first: bool) -> dict[str, A
     return events[0] if len(events) == 1 else wire.coalesce(events)
 
 
+Build = Callable[..., dict[str, Any]]  # (req, outputs, *, first) -> the event for those outputs
+
+
 async def drain(
-    req: Request, emit: Callable[[int, dict[str, Any]], Awaitable[None]], *, closing: Callable[[], bool]
+    req: Request,
+    emit: Callable[[int, dict[str, Any]], Awaitable[None]],
+    *,
+    closing: Callable[[], bool],
+    build: Build = build_event,
 ) -> None:
-    """Hand every event to ``emit(index, event)`` until the terminal one."""
+    """Hand every event (``build``: SGLang's, or another server's) to ``emit(index, event)`` until
+    the terminal one."""
     group = int(req.fault.get("count", 3)) if req.fault.get("kind") == "coalesce" else 1
     pending: list[Output] = []
     index = 0
@@ -211,7 +229,7 @@ async def drain(
         if not pending or (len(pending) < group and not terminal):
             req.sent.set()
             continue
-        event = build_event(req, pending, first=index == 0)
+        event = build(req, pending, first=index == 0)
         pending = []
         await emit(index, event)
         index += 1

@@ -14,13 +14,22 @@ import orjson
 from aiohttp import web
 
 from fastaccum import wire
+from fastaccum.emulator._dialects import (
+    DYNAMO_INTERNAL_ERROR,
+    SSE_HEADERS,
+    VllmServer,
+    check_dialect,
+    check_dialect_fault,
+    dynamo_refusal,
+    dynamo_rid,
+    error_response,
+)
 from fastaccum.emulator._requests import (
     FAULT_KEY,
     ConnectionCut,
     EmulatorStats,
     Request,
     StreamEnded,
-    check_fault,
     decode,
     drain,
     truncate,
@@ -29,7 +38,7 @@ from fastaccum.wire import Generation, WireOptions
 
 __all__ = ("Emulator",)
 
-_SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+_SSE_HEADERS = SSE_HEADERS
 
 
 class Emulator:
@@ -41,6 +50,11 @@ class Emulator:
     model behind ``enable_return_routed_experts``, ``num_indexer_layers``/``index_topk`` the
     sparse-attention indexer behind ``enable_return_indexer_topk``; ``indexer_topk_num_layers``
     writes the indexer's layer count beside it, as SGLang forks (sglang-miles) do and SGLang does not.
+
+    ``dialect`` picks the server (docs/dialects.md): ``"sglang"``; ``"dynamo"``, Dynamo's frontend
+    before SGLang workers (incremental whatever was asked, no ``/abort_request``); ``"vllm"``,
+    vLLM's ``/inference/v1/generate`` in the chunk shape of ``vllm_shape`` (``"0.32"``, or ``"0.31"``
+    for 0.24 to 0.31). fastaccum.emulator._dialects serves what differs.
     """
 
     def __init__(
@@ -65,13 +79,18 @@ class Emulator:
         version: str = "0.5.23",
         fault: dict[str, Any] | None = None,
         plain_text: bool = False,
+        dialect: str = "sglang",
+        vllm_shape: str = "0.32",
     ) -> None:
         if version not in ("0.5.23", "0.5.15"):
             raise ValueError(f"version must be '0.5.23' or '0.5.15', not {version!r}")
+        check_dialect(dialect, vllm_shape)
         if fault is not None:
-            check_fault(fault)
+            check_dialect_fault(dialect, fault)
+        self.dialect, self.vllm_shape = dialect, vllm_shape
         self.host, self.port = host, port
-        self.incremental_streaming_output = incremental_streaming_output
+        # Dynamo's worker forces SGLang's incremental mode (facts: dynamo/sglang/args.py).
+        self.incremental_streaming_output = incremental_streaming_output or dialect == "dynamo"
         self.stream_interval = max(1, int(stream_interval))
         self.skip_tokenizer_init = skip_tokenizer_init
         self.enable_return_routed_experts = enable_return_routed_experts
@@ -95,14 +114,25 @@ class Emulator:
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def make_app(self) -> web.Application:
-        app = web.Application(client_max_size=1 << 30)
+        app = web.Application(client_max_size=1 << 30, middlewares=[self._count_call])
+        if self.dialect == "vllm":
+            VllmServer(self).add_routes(app)
+            return app
         app.router.add_post("/generate", self._generate)
-        app.router.add_post("/abort_request", self._abort_request)
-        app.router.add_get("/server_info", self._server_info)
-        app.router.add_get("/get_server_info", self._server_info)
-        app.router.add_get("/v1/loads", self._loads)
+        if self.dialect == "sglang":  # Dynamo's frontend serves /generate and no abort (the disconnect is)
+            app.router.add_post("/abort_request", self._abort_request)
+            app.router.add_get("/server_info", self._server_info)
+            app.router.add_get("/get_server_info", self._server_info)
+            app.router.add_get("/v1/loads", self._loads)
         app.router.add_get("/health", self._health)
         return app
+
+    @web.middleware
+    async def _count_call(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        calls = self.stats.calls
+        calls[request.path] = calls.get(request.path, 0) + 1
+        response: web.StreamResponse = await handler(request)
+        return response
 
     async def start(self) -> str:
         """Listen and return the base URL (``http://host:port``; port 0 picks a free one)."""
@@ -241,8 +271,10 @@ class Emulator:
 
     def abort(self, rid: str = "", *, abort_all: bool = False) -> int:
         """What ``/abort_request`` does; rids match by prefix, as SGLang's scheduler does
-        (docs/wire-format.md, "Aborts")."""
-        hits = [r for r in [*self._running, *self._waiting] if abort_all or r.rid.startswith(rid)]
+        (docs/wire-format.md, "Aborts"). vLLM's request ids match exactly (its ``/abort_requests``)."""
+        exact = self.dialect == "vllm"
+        held = [*self._running, *self._waiting]
+        hits = [r for r in held if abort_all or (r.rid == rid if exact else r.rid.startswith(rid))]
         for req in hits:
             if req.abort_requested:
                 continue
@@ -258,15 +290,21 @@ class Emulator:
         try:
             body = orjson.loads(await request.read())
         except orjson.JSONDecodeError as exc:
-            return _json_error(400, f"invalid JSON body: {exc}")
+            return error_response(self.dialect, 400, f"invalid JSON body: {exc}")
         if not isinstance(body, dict):
-            return _json_error(400, "the request body must be a JSON object")
+            return error_response(self.dialect, 400, "the request body must be a JSON object")
+        dynamo = self.dialect == "dynamo"
+        if dynamo:
+            refusal = dynamo_refusal(body)
+            if refusal is not None:
+                return refusal
+            body["rid"] = dynamo_rid(body, request.headers)  # meta_info.id: the public id
         fault = body.get(FAULT_KEY, self.fault) or {}
         try:
-            check_fault(fault)
+            check_dialect_fault(self.dialect, fault)
             req = self._make_request(body, fault)
         except ValueError as exc:
-            return _json_error(400, str(exc))
+            return error_response(self.dialect, 400, str(exc))
         if fault.get("kind") == "http_500":
             body500 = {
                 "object": "error",
@@ -276,7 +314,8 @@ class Emulator:
                 "code": 500,
             }
             return web.Response(status=500, body=orjson.dumps(body500), content_type="application/json")
-        if any(r.rid == req.rid for r in [*self._running, *self._waiting]):
+        # Dynamo submits its own internal rid to SGLang: a repeated public id is no duplicate there.
+        if not dynamo and any(r.rid == req.rid for r in [*self._running, *self._waiting]):
             duplicate = wire.error_event(f"Duplicate request ID: {req.rid}")
             if not body.get("stream"):
                 return web.Response(status=400, body=orjson.dumps(duplicate), content_type="application/json")
@@ -284,13 +323,16 @@ class Emulator:
             await resp.prepare(request)
             await resp.write(wire.sse(duplicate) + wire.DONE)
             return resp
+        stream = bool(body.get("stream"))
+        return await self._serve(req, lambda: self._stream(request, req) if stream else self._non_stream(req))
+
+    async def _serve(self, req: Request, respond: Callable[[], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        """Queue the request, answer it with ``respond()``, and release it however that ends."""
         self.stats.requests += 1
         self._waiting.append(req)
         self._admit()
         try:
-            if body.get("stream"):
-                return await self._stream(request, req)
-            return await self._non_stream(req)
+            return await respond()
         except asyncio.CancelledError:
             self._note_disconnect(req)
             raise
@@ -363,8 +405,10 @@ class Emulator:
             req = self._waiting.popleft()
             req.state = "running"
             self._running.add(req)
+            # vLLM applies an abort between steps, SGLang after one more token.
+            step = 0 if self.dialect == "vllm" else 1
             req.decoder = asyncio.get_running_loop().create_task(
-                decode(req, token_rate=self.token_rate, count=self._count)
+                decode(req, token_rate=self.token_rate, count=self._count, abort_step=step)
             )
             req.admitted.set()
 
@@ -434,10 +478,19 @@ class Emulator:
                     data = wire.sse(event)
                     await write(data[: len(data) // 2])
                     raise ConnectionCut
+                elif kind == "dynamo_error":  # any backend error, as Dynamo's frontend writes it
+                    await write(wire.sse({"error": {"message": DYNAMO_INTERNAL_ERROR}}) + wire.DONE)
+                    raise StreamEnded
             for key in strip:
                 event["meta_info"].pop(key, None)
             await write(wire.sse(event))
             self.stats.written[req.rid] = event["meta_info"].get("completion_tokens", 0)
+            if index == at and kind in ("dynamo_killed", "dynamo_stopped"):
+                # Killed (a backend timeout): the body ends cleanly, no [DONE]. Stopped gracefully:
+                # the worker drops SGLang's later outputs, then [DONE] without a terminal event.
+                if kind == "dynamo_stopped":
+                    await write(wire.DONE)
+                raise StreamEnded
 
         try:
             await drain(req, emit, closing=self._is_closing)
