@@ -106,7 +106,7 @@ async def run_round(
             stream.abort()
         results = await asyncio.gather(*tasks)
         elapsed = time.perf_counter() - started
-        sent = client._aborts.sent
+        sent = client._aborts_for("sglang").sent
     complete = [r for r in results if r.replay_complete]
     rows_ok = present = 0
     for stream, result in zip(live, results):

@@ -1,4 +1,5 @@
-"""Control requests for ``fastaccum.Client``: the drain abort's ``POST /abort_request``.
+"""Control requests for ``fastaccum.Client``: the drain abort's ``POST /abort_request`` (SGLang),
+or vLLM's ``POST /inference/v1/abort_requests``.
 
 SGLang finishes a request aborted by rid through its normal output path, so a client that keeps
 reading gets a terminal event with what the server collected (routed experts, top-p rows, indexer
@@ -6,7 +7,10 @@ top-k). ``AbortSender`` sends those aborts for one client: every abort asked for
 iteration goes out together, over at most ``PARALLEL`` keep-alive connections per server, never a
 connection per stream. A router (sglang-router, the model gateway) has no ``/abort_request``; it
 lists its workers at ``GET /workers``, and the abort goes to each of them (a worker ignores a rid
-it does not hold).
+it does not hold). vLLM (``VllmAbortSender``) takes every request id of a batch in one request,
+at ``/inference/v1/abort_requests`` (0.32 on) or ``/abort_requests`` (a ``--tokens-only`` server
+before that); a server with neither is found out by the first abort, whose streams are then cut,
+as every later one is at once.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import orjson
 from fastaccum._http import header_lines, status_error
 from fastaccum.errors import ServerError, StreamConnectionError
 
-__all__ = ("PARALLEL", "AbortSender", "Drain", "worker_urls")
+__all__ = ("PARALLEL", "AbortSender", "VllmAbortSender", "Drain", "worker_urls")
 
 # Connections per server for one batch of aborts.
 PARALLEL = 4
@@ -223,8 +227,41 @@ class AbortSender:
         return [_Server(url) for url in urls]
 
 
-def _check(server: _Server, replies: list[_Reply]) -> None:
+class VllmAbortSender(AbortSender):
+    """vLLM's aborts: one ``POST {"request_ids": [...]}`` per batch, to the first of vLLM's two
+    paths the server has (None once it is known to have neither)."""
+
+    _PATHS = ("/inference/v1/abort_requests", "/abort_requests")
+
+    def __init__(self, base_url: str, extra_headers: bytes = b"") -> None:
+        super().__init__(base_url, extra_headers)
+        self._paths: tuple[str, ...] = self._PATHS
+
+    async def _send(self, batch: dict[str, Callable[[BaseException], None]]) -> None:
+        try:
+            for path in self._paths:
+                request = self._base.request("POST", path, {"request_ids": list(batch)})
+                (reply,) = await self._base.exchange([request])
+                self.sent += 1
+                if reply.status not in (404, 405):
+                    self._paths = (path,)
+                    _check(self._base, [reply], path)
+                    return
+            self._paths = ()
+            raise ServerError(
+                f"{self._base.url} has neither {' nor '.join(self._PATHS)} (vLLM before 0.32 without "
+                "--tokens-only): its requests are aborted by closing the connection",
+                status=404,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            for failed in batch.values():
+                failed(exc)
+
+
+def _check(server: _Server, replies: list[_Reply], path: str = "/abort_request") -> None:
     for reply in replies:
         if not 200 <= reply.status < 300:
             body = reply.body.decode("utf-8", errors="replace")
-            raise status_error(f"{server.url}/abort_request", reply.status, "", body, None)
+            raise status_error(f"{server.url}{path}", reply.status, "", body, None)

@@ -64,7 +64,7 @@ class DialectRequest(NamedTuple):
     path: str  # the default path
     rid: str | None  # the request's id (None: a batch's list, which cannot be aborted alone)
     body: Mapping[str, Any]  # the JSON body, "stream": true included
-    drains: bool  # the server has a per-request abort endpoint the stream can read on after
+    drains: bool  # the server may have a per-request abort to read on after (tried, not assumed)
 
 
 _PATHS = {SGLANG: "/generate", DYNAMO: "/generate", VLLM: "/inference/v1/generate"}
@@ -84,6 +84,8 @@ def request_for(dialect: str, payload: Mapping[str, Any], new_id: Callable[[], s
     if dialect == VLLM and "token_ids" not in payload and ("input_ids" in payload or "text" in payload):
         given = "input_ids" if "input_ids" in payload else "text"
         raise ValueError(f"vLLM's /inference/v1/generate takes token_ids (a list of ints), not {given}")
+    if dialect == DYNAMO and "input_ids" not in payload and "text" in payload:
+        raise ValueError("Dynamo's /generate takes input_ids (a list of ints), not text: it has no tokenizer")
     key = _ID_KEYS[dialect]
     rid = payload.get(key)
     body = dict(payload)
@@ -93,7 +95,8 @@ def request_for(dialect: str, payload: Mapping[str, Any], new_id: Callable[[], s
     if dialect == VLLM:
         options = body.get("stream_options")
         body["stream_options"] = {**(options if isinstance(options, Mapping) else {}), "include_usage": True}
-    return DialectRequest(_PATHS[dialect], rid if isinstance(rid, str) else None, body, dialect == SGLANG)
+    # Dynamo has no abort endpoint; vLLM has one from 0.32 (and with --tokens-only before).
+    return DialectRequest(_PATHS[dialect], rid if isinstance(rid, str) else None, body, dialect != DYNAMO)
 
 
 # ---- vLLM's chunks (both twins' orjson path) ---------------------------------------------------

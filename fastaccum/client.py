@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any
 
-from fastaccum._control import AbortSender, Drain
+from fastaccum._control import AbortSender, Drain, VllmAbortSender
 from fastaccum._dialects import check_dialect, request_for
 from fastaccum._http import (
     Body,
@@ -97,9 +97,9 @@ class ClientStream(StreamConsumer):
         self._url = client.base_url + path
         self.rid = request.rid
         self._request = request_bytes(client._prefix + path, client._headers, request.body, headers)
-        # Dynamo and vLLM have no per-request abort to drain after: their abort is the disconnect.
+        # Dynamo has no per-request abort to drain after: its abort is the disconnect.
         self._drain = (
-            Drain(client._aborts, self.rid, abort_drain_s, self._cut)
+            Drain(client._aborts_for(dialect), self.rid, abort_drain_s, self._cut)
             if abort_drain_s is not None and request.drains
             else None
         )
@@ -379,7 +379,8 @@ class Client:
         self._connect_timeout = connect_timeout
         self._coalesce_ms = coalesce_ms
         self._abort_drain_s = abort_drain_s
-        self._aborts = AbortSender(self._base, header_lines(headers or {}))
+        self._abort_headers = header_lines(headers or {})
+        self._aborts: dict[str, AbortSender] = {}  # by dialect, made on first use
         self._rid_prefix = f"fa-{uuid.uuid4().hex[:12]}-"
         self._rids = itertools.count()
         self._slots = asyncio.Semaphore(max_connections) if max_connections is not None else None
@@ -404,7 +405,8 @@ class Client:
         self._idle.clear()
         for resumer in self._resumers.values():
             resumer.close()
-        self._aborts.close()
+        for sender in self._aborts.values():
+            sender.close()
         await asyncio.sleep(0)  # let the transports' connection_lost callbacks run
 
     def stream(
@@ -466,6 +468,14 @@ class Client:
     @property
     def idle_connections(self) -> int:
         return len(self._idle)
+
+    def _aborts_for(self, dialect: str) -> AbortSender:
+        """The client's sender of drain aborts to a server of ``dialect``."""
+        sender = self._aborts.get(dialect)
+        if sender is None:
+            kind = VllmAbortSender if dialect == "vllm" else AbortSender
+            sender = self._aborts[dialect] = kind(self._base, self._abort_headers)
+        return sender
 
     def _new_rid(self) -> str:
         # One prefix per client and a fixed-width counter: no rid is a prefix of another, which

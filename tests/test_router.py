@@ -109,7 +109,7 @@ def test_a_rollout_abort_of_many_streams_leaves_every_worker_idle(twin: ModuleTy
             await wait_until(lambda: all(w.running == 0 and w.queued == 0 for w in workers))
             cut = [(s.rid, r.finish_reason, s.abort_error) for s, r in zip(streams, results) if not r.replay_complete]
             assert not cut, cut[:5]
-            return results, client._aborts.sent
+            return results, client._aborts_for("sglang").sent
 
     results, sent = run(main())
     assert all(r.aborted and r.replay_complete for r in results)
