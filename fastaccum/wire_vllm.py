@@ -2,7 +2,10 @@
 and tests (the facts are in docs/dialects.md).
 
 A chunk is pydantic's compact ``model_dump_json()`` with every field written, nulls included, in
-the model's field order; ``data: <json>\\n\\n``; ``data: [DONE]`` at the end. Two shapes: vLLM
+the model's field order (prompt ids, placeholders and metrics left out while None); the last,
+usage-only chunk is written with ``exclude_none``; ``data: <json>\\n\\n``; ``data: [DONE]`` at
+the end. The facts are read from vLLM 0.27, 0.31, 0.32 and 0.34
+(``vllm/entrypoints/scale_out/token_in_token_out/{protocol,serving}.py``). Two shapes: vLLM
 0.32 on (``"0.32"``: ``output_mode``, ``stop_reason``, logprob items with an integer
 ``token_id``) and 0.24 to 0.31 (``"0.31"``: ``"token": "token_id:<id>"`` items with ``bytes``).
 Token ids and logprobs come from fastaccum.wire's ``Generation``, so a test can check a whole
@@ -86,11 +89,11 @@ def chunk(
 
 def usage_chunk(gen: Generation, completion: int, *, shape: str = "0.32") -> dict[str, Any]:
     """The last chunk that ``stream_options.include_usage`` asks for: no choice, the counts."""
+    # UsageInfo's field order; vLLM writes this chunk with exclude_none: no null details
     usage: dict[str, Any] = {
         "prompt_tokens": gen.prompt_tokens,
         "total_tokens": gen.prompt_tokens + completion,
         "completion_tokens": completion,
-        "prompt_tokens_details": None,
     }
     if shape == "0.32":
         return {"request_id": gen.rid, "usage": usage, "output_mode": "tokens", "choices": []}
