@@ -18,7 +18,7 @@ import numpy as np
 import orjson
 import pytest
 
-from fastaccum import IMPLEMENTATION, StreamResult, __version__, wire
+from fastaccum import IMPLEMENTATION, StreamResult, __version__, wire, wire_vllm
 from fastaccum.cli._demo import Outcome, verify
 from fastaccum.cli._parser import build_parser
 from fastaccum.emulator import Emulator
@@ -405,6 +405,15 @@ MISUSE = {
     "negative-abort-after": (["demo", "--abort-after", "-1"], 2, "--abort-after"),
     "unknown-command": (["serve"], 2, "invalid choice"),
     "unknown-option": (["demo", "--fast"], 2, "unrecognized arguments"),
+    "unknown-dialect": (["emulator", "--dialect", "trtllm"], 2, "invalid choice"),
+    "unknown-vllm-shape": (["demo", "--vllm-shape", "0.30"], 2, "invalid choice"),
+    "cumulative-dynamo-demo": (["demo", "--dialect", "dynamo", "--mode", "cumulative"], 2, "incremental"),
+    "cumulative-vllm-replay": (["replay", "x.sse", "--dialect", "vllm", "--mode", "cumulative"], 2, "incremental"),
+    "another-servers-fault": (
+        ["emulator", "--dialect", "vllm", "--fault", '{"kind":"dynamo_killed"}'],
+        2,
+        "not one a vllm server produces",
+    ),
 }
 
 
@@ -420,3 +429,55 @@ def test_misuse_ends_in_one_error_line_without_a_traceback(case: str, busy_port:
     # argparse puts its usage lines before a usage error; anything else is the one line alone
     if status != 2:
         assert done.stderr.count("\n") == 1, done.stderr
+
+
+# ---- the other servers: --dialect dynamo|vllm ----------------------------------------------------
+
+
+@pytest.mark.parametrize("dialect", ["dynamo", "vllm"])
+def test_demo_streams_each_dialect_through_the_client(dialect: str) -> None:
+    # The emulator child serves the dialect, the demo's Client streams it, every token is checked.
+    done = fastaccum("demo", "--dialect", dialect, "--tokens", "500", "--requests", "2", "--no-progress")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert {"dynamo": "Dynamo", "vllm": "vLLM 0.32"}[dialect] in done.stdout
+    assert "1,000 verified" in done.stdout and done.stdout.endswith("OK\n")
+
+
+def test_demo_aborts_a_vllm_0_31_stream_and_verifies_the_prefix_in_process() -> None:
+    server = ["--dialect", "vllm", "--vllm-shape", "0.31", "--routed-experts", "4x2", "--in-process"]
+    run = ["--tokens", "100000", "--requests", "2", "--token-rate", "5000", "--abort-after", "0.2", "--no-progress"]
+    done = fastaccum("demo", *server, *run)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 requests aborted" in done.stdout and "OK" in done.stdout
+
+
+def test_emulator_command_serves_vllm_in_the_shape_asked_for() -> None:
+    command = ["emulator", "--port", "0", "--dialect", "vllm", "--vllm-shape", "0.31", "--stream-interval", "4"]
+    child = subprocess.Popen([sys.executable, "-P", "-m", "fastaccum", *command], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        url = child.stdout.readline().rsplit(" ", 1)[1].strip()
+        with urllib.request.urlopen(f"{url}/load?include_inflight=true&inflight_limit=100", timeout=10) as resp:
+            assert orjson.loads(resp.read()) == {"server_load": 0}
+        body = {"token_ids": [1, 2, 3], "request_id": "cli-1", "sampling_params": {"max_tokens": 9, "logprobs": 0}}
+        post = urllib.request.Request(f"{url}/inference/v1/generate", data=orjson.dumps({**body, "stream": True}))
+        with urllib.request.urlopen(post, timeout=10) as resp:
+            stream = resp.read()
+    finally:
+        child.terminate()
+        child.wait(timeout=10)
+    gen = Emulator().expected("cli-1", 9, prompt_tokens=3, finish_reason={"type": "length"})
+    chunks = wire_vllm.stream_chunks(gen, shape="0.31", interval=4, usage=False)
+    assert stream == wire_vllm.stream_bytes(chunks)
+
+
+def test_replay_reads_a_vllm_body(tmp_path: Path) -> None:
+    gen = wire.synthetic_generation("rep-v", 30, expert_shape=(3, 2), num_experts=8, finish_reason={"type": "length"})
+    path = tmp_path / "vllm.sse"
+    path.write_bytes(wire_vllm.stream_bytes(wire_vllm.stream_chunks(gen, interval=4, routed=True)))
+    done = fastaccum("replay", str(path), "--dialect", "vllm", "--expert-shape", "3x2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "tokens:        30 (completion_tokens 30)" in done.stdout and '"type": "length"' in done.stdout
+    assert "routed:        (45, 3, 2) uint8" in done.stdout
+    wrong = fastaccum("replay", str(path))  # read as SGLang: the first event names both servers
+    assert wrong.returncode == 1 and "vLLM" in wrong.stdout, wrong.stdout

@@ -3,12 +3,16 @@ announcement the demo waits for."""
 
 from __future__ import annotations
 
-__all__ = ("ANNOUNCE", "MODES", "SGLANG_VERSIONS", "CommandError")
+__all__ = ("ANNOUNCE", "DIALECTS", "MODES", "SGLANG_VERSIONS", "VLLM_SHAPES", "CommandError")
 
 # The emulator child prints this line, then its URL, so the demo knows where to connect.
 ANNOUNCE = "fastaccum emulator listening on "
 MODES = ("auto", "cumulative", "incremental")
 SGLANG_VERSIONS = ("0.5.23", "0.5.15")
+# The servers the core reads and the emulator serves (docs/dialects.md), and vLLM's two chunk shapes
+# ("0.31": vLLM 0.24 to 0.31).
+DIALECTS = ("sglang", "dynamo", "vllm")
+VLLM_SHAPES = ("0.32", "0.31")
 
 
 class CommandError(Exception):

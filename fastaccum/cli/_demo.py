@@ -1,5 +1,6 @@
-"""``fastaccum demo``: streams from the embedded emulator (a child process by default) and verifies
-every token, logprob and text byte against the emulator's truth."""
+"""``fastaccum demo``: streams from the embedded emulator (a child process by default) through
+``fastaccum.Client``, in the dialect asked for (SGLang, Dynamo or vLLM), and verifies every token,
+logprob and text byte against the emulator's truth."""
 
 from __future__ import annotations
 
@@ -35,10 +36,10 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 async def _demo_async(args: argparse.Namespace) -> int:
-    import aiohttp
+    from fastaccum.client import Client, ClientStream
 
-    from fastaccum.aiohttp_stream import STREAM_TIMEOUT, GenerateStream
-
+    if args.dialect != "sglang" and "cumulative" in (args.mode, args.server_mode):
+        raise CommandError(f"{args.dialect} streams are incremental: --mode and --server-mode cannot be cumulative", 2)
     server_mode = args.server_mode or ("cumulative" if args.mode == "cumulative" else "incremental")
     # Cumulative events repeat the whole response (O(N^2) bytes): a wider interval keeps the
     # default run short; incremental at 4 keeps the emulator (not the client) from dominating.
@@ -61,33 +62,28 @@ async def _demo_async(args: argparse.Namespace) -> int:
         seed=args.seed,
         sglang_version=SGLANG_VERSIONS[0],
         fault=None,
+        dialect=args.dialect,
+        vllm_shape=args.vllm_shape,
     )
     truth = emulator_from(server_args)  # never started: expected() is a pure function
+    server = {"sglang": f"server {server_mode}", "dynamo": "Dynamo", "vllm": f"vLLM {args.vllm_shape}"}[args.dialect]
     print(
         f"fastaccum demo: {args.requests} x {args.tokens} tokens, concurrency {args.concurrency}, "
-        f"server {server_mode} (interval {interval}), accumulator {args.mode} [{IMPLEMENTATION}]"
+        f"{server} (interval {interval}), accumulator {args.mode} [{IMPLEMENTATION}]"
         + (f", routed experts {layers}x{topk}" if args.routed_experts else "")
     )
     prompt = list(range(1, 17))
-    streams: list[GenerateStream] = []
+    streams: list[ClientStream] = []
     outcomes: list[Outcome] = []
     limit = asyncio.Semaphore(args.concurrency)
 
-    async def one(session: aiohttp.ClientSession, i: int) -> None:
+    async def one(client: Client, i: int) -> None:
         rid = f"demo-{i:05d}-"  # the trailing '-' keeps rids prefix-free: /abort_request matches by prefix
         outcome = Outcome(rid)
         outcomes.append(outcome)
-        payload = {
-            "input_ids": prompt,
-            "rid": rid,
-            "return_logprob": True,
-            "return_routed_experts": args.routed_experts is not None,
-            "sampling_params": {"max_new_tokens": args.tokens, "temperature": 1.0},
-        }
         async with limit:
-            stream = GenerateStream(
-                session, f"{url}/generate", payload, mode=args.mode, expert_shape=args.routed_experts
-            )
+            payload = _payload(args.dialect, rid, prompt, args.tokens, routed=args.routed_experts is not None)
+            stream = client.stream(payload, mode=args.mode, expert_shape=args.routed_experts)
             streams.append(stream)
             after = args.abort_after
             timer = None if after is None else asyncio.get_running_loop().call_later(after, stream.abort)
@@ -110,9 +106,9 @@ async def _demo_async(args: argparse.Namespace) -> int:
     try:  # from the moment the child runs: a second Ctrl-C may come anywhere
         progress = _Progress(args.requests * args.tokens, enabled=not args.no_progress)
         cpu0, wall0 = time.process_time(), time.perf_counter()
-        async with aiohttp.ClientSession(timeout=STREAM_TIMEOUT) as session:
+        async with Client(url, dialect=args.dialect) as client:
             ticker = asyncio.create_task(progress.follow(streams))
-            await asyncio.gather(*(one(session, i) for i in range(args.requests)))
+            await asyncio.gather(*(one(client, i) for i in range(args.requests)))
             ticker.cancel()
     finally:
         if embedded is not None:
@@ -163,7 +159,8 @@ async def _demo_async(args: argparse.Namespace) -> int:
 async def _spawn_emulator(a: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
     # -P: run from a source checkout, "-m" would otherwise import the checkout's fastaccum/ (which
     # holds no compiled core) instead of the installed package.
-    values = ("stream_interval", "num_layers", "topk", "num_experts", "seed", "max_running_requests", "token_rate")
+    values = ["stream_interval", "num_layers", "topk", "num_experts", "seed", "max_running_requests", "token_rate"]
+    values += ["dialect", "vllm_shape"]
     flags = ("incremental_streaming_output", "enable_return_routed_experts")
     command = [sys.executable, "-P", "-m", "fastaccum", "emulator", "--port=0"]
     command += [f"--{name.replace('_', '-')}={getattr(a, name)}" for name in values]
@@ -209,6 +206,18 @@ def _ended(status: int) -> str:
     return f"exit status {status}"
 
 
+def _payload(dialect: str, rid: str, prompt: list[int], tokens: int, *, routed: bool) -> dict[str, Any]:
+    """One request in the server's own keys (docs/dialects.md); logprobs asked for."""
+    if dialect == "vllm":
+        params = {"max_tokens": tokens, "temperature": 1.0, "logprobs": 0}
+        body: dict[str, Any] = {"token_ids": prompt, "request_id": rid, "sampling_params": params}
+    else:
+        params = {"max_new_tokens": tokens, "temperature": 1.0}
+        body = {"input_ids": prompt, "rid": rid, "return_logprob": True, "sampling_params": params}
+    body["return_routed_experts"] = routed
+    return body
+
+
 def verify(truth: Any, outcome: Outcome, prompt_tokens: int, args: argparse.Namespace) -> list[str]:
     if outcome.error is not None:
         return [f"{outcome.rid}: {type(outcome.error).__name__}: {outcome.error}"]
@@ -226,15 +235,20 @@ def verify(truth: Any, outcome: Outcome, prompt_tokens: int, args: argparse.Name
             result.logprobs, np.asarray(expected.logprobs, dtype=np.float64)
         ):
             problems.append("logprobs differ")
-    if (n > 0 or result.text is not None) and result.text != expected.text(0, n):
+    text = getattr(args, "dialect", "sglang") != "vllm"  # vLLM's token-out endpoint sends no text
+    if text and (n > 0 or result.text is not None) and result.text != expected.text(0, n):
         problems.append("text differs")
+    elif not text and result.text is not None:
+        problems.append("text where vLLM sends none")
     if result.aborted:
         if n > args.tokens:
             problems.append(f"aborted prefix of {n} tokens exceeds max_new_tokens")
     else:
         if n != args.tokens:
             problems.append(f"{n} tokens, expected {args.tokens}")
-        if result.finish_reason != {"type": "length", "length": args.tokens}:
+        # vLLM's "length" carries no count (docs/dialects.md).
+        length = {"type": "length", "length": args.tokens} if text else {"type": "length"}
+        if result.finish_reason != length:
             problems.append(f"finish_reason {result.finish_reason}")
         if routed and not np.array_equal(result.routed_experts, expected.routed_experts):
             problems.append("routed experts differ")

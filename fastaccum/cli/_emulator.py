@@ -1,4 +1,5 @@
-"""``fastaccum emulator``: the SGLang emulator served until interrupted (and the demo's child)."""
+"""``fastaccum emulator``: the emulator (SGLang, Dynamo or vLLM) served until interrupted (and the
+demo's child)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ def emulator_from(args: argparse.Namespace, **overrides: Any) -> Any:
         seed=args.seed,
         version=args.sglang_version,
         fault=args.fault,
+        dialect=args.dialect,
+        vllm_shape=args.vllm_shape,
     )
     options.update(overrides)
     try:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastaccum import IMPLEMENTATION, __version__
-from fastaccum.cli._common import MODES, SGLANG_VERSIONS
+from fastaccum.cli._common import DIALECTS, MODES, SGLANG_VERSIONS, VLLM_SHAPES
 from fastaccum.cli._demo import run_demo
 from fastaccum.cli._emulator import run_emulator
 from fastaccum.cli._replay import run_replay
@@ -103,15 +103,19 @@ class _Renamed(argparse.Action):
 
 
 _DESCRIPTION = (
-    "Consume SGLang /generate streams with fastaccum: demo streams from an embedded SGLang emulator and "
-    "verifies every token, replay accumulates a captured SSE stream and summarizes it, emulator serves "
-    "the emulator until interrupted."
+    "Consume SGLang /generate streams (and Dynamo's, and vLLM's /inference/v1/generate) with fastaccum: "
+    "demo streams from an embedded emulator and verifies every token, replay accumulates a captured SSE "
+    "stream and summarizes it, emulator serves the emulator until interrupted."
 )
+_DIALECT_HELP = "the server: SGLang, Dynamo's frontend before SGLang workers, or vLLM (docs/dialects.md)"
+_VLLM_SHAPE_HELP = "vLLM's chunk shape: 0.32 on, or 0.31 (vLLM 0.24 to 0.31: an abort ends with [DONE] alone)"
 
 
 def _add_server_options(p: argparse.ArgumentParser) -> None:
     # Names follow SGLang's server flags where SGLang has one.
     add = p.add_argument
+    add("--dialect", choices=DIALECTS, default=DIALECTS[0], help=_DIALECT_HELP + "; dynamo is always incremental")
+    add("--vllm-shape", choices=VLLM_SHAPES, default=VLLM_SHAPES[0], help=_VLLM_SHAPE_HELP)
     add("--incremental-streaming-output", action="store_true", help="send only each event's new tokens, as in SGLang")
     add("--stream-interval", type=_positive, default=1, help="tokens per event, as in SGLang")
     add("--skip-tokenizer-init", action="store_true", help="send no text in events, as in SGLang")
@@ -157,11 +161,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = command("demo", "stream from the embedded emulator and verify every token")
     add = demo.add_argument
-    add("--tokens", type=_positive, default=50_000, help="tokens per request, sent as max_new_tokens")
+    add("--dialect", choices=DIALECTS, default=DIALECTS[0], help=_DIALECT_HELP + "; the client streams it too")
+    add("--vllm-shape", choices=VLLM_SHAPES, default=VLLM_SHAPES[0], help=_VLLM_SHAPE_HELP)
+    add("--tokens", type=_positive, default=50_000, help="tokens per request, sent as max_new_tokens (max_tokens)")
     add("--requests", type=_positive, default=4, help="requests to stream")
     add("--concurrency", type=_positive, default=4, help="requests streaming at once")
     add("--mode", choices=MODES, default="auto", help="accumulator mode; auto reads it from the stream")
-    server_mode = "emulator streaming mode (default: cumulative with --mode cumulative, else incremental)"
+    server_mode = "SGLang's streaming mode (default: cumulative with --mode cumulative, else incremental)"
     add("--server-mode", choices=MODES[1:], help=server_mode)
     interval = "tokens per event (default: 4 incremental, 64 cumulative; 1 is the worst case)"
     add("--stream-interval", type=_positive, help=interval)
@@ -179,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay = command("replay", "feed a captured SSE byte stream and print what it holds")
     add = replay.add_argument
     add("file", metavar="FILE", help="the bytes of a /generate response body, as captured; - reads stdin")
+    add("--dialect", choices=DIALECTS, default=DIALECTS[0], help=_DIALECT_HELP + " whose body the file holds")
     add("--mode", choices=MODES, default="auto", help="accumulator mode; auto reads it from the stream")
     shape = "check routed experts against L layers, top-K and shape them (rows, L, K) (default: one flat array)"
     add("--expert-shape", type=_shape, metavar="LxK", help=shape)
@@ -186,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-event-bytes", type=_event_limit, metavar="N", help=limit)
     replay.set_defaults(handler=run_replay)
 
-    emulator = command("emulator", "run the SGLang emulator until interrupted")
+    emulator = command("emulator", "run the emulator (SGLang, Dynamo or vLLM) until interrupted")
     emulator.add_argument("--host", default="127.0.0.1", help="address to listen on")
     port = "port to listen on; 0 picks a free one"
     emulator.add_argument("--port", type=_bounded_int(0, 65535), default=30000, help=port)

@@ -1,4 +1,5 @@
-"""``fastaccum replay``: a captured /generate response body accumulated and summarized."""
+"""``fastaccum replay``: a captured response body (SGLang's or Dynamo's /generate, vLLM's
+/inference/v1/generate) accumulated and summarized."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def run_replay(args: argparse.Namespace) -> int:
 
     try:
         accumulator = StreamAccumulator(
-            mode=args.mode, expert_shape=args.expert_shape, max_event_bytes=args.max_event_bytes
+            mode=args.mode, expert_shape=args.expert_shape, max_event_bytes=args.max_event_bytes, dialect=args.dialect
         )
     except (ValueError, OverflowError) as exc:  # argparse checked each option; their product may not fit
         raise CommandError(str(exc), status=2) from None
@@ -85,5 +86,5 @@ def _describe(result: Any) -> list[str]:
             f"top-p rows:    {result.top_p_token_offsets.shape[0] - 1} ({result.top_p_token_ids.shape[0]} kept ids)"
         )
     if result.routed_experts is not None:
-        lines.append(f"routed:        {tuple(result.routed_experts.shape)} int32")
+        lines.append(f"routed:        {tuple(result.routed_experts.shape)} {result.routed_experts.dtype}")
     return lines
