@@ -66,6 +66,7 @@ class VllmDouble:
         cancel_endpoint: bool = True,
         key_by_prompt: bool = False,
         seed: int = 0,
+        vocab: int = 151_000,
     ) -> None:
         self.host, self.port = host, 0
         self.shape = shape
@@ -79,6 +80,7 @@ class VllmDouble:
         self.cancel_endpoint = cancel_endpoint
         self.key_by_prompt = key_by_prompt
         self.seed = seed
+        self.vocab = vocab  # token ids are below it (a real tokenizer's size)
         self.plans: dict[str, dict[str, Any]] = {}
         self.stats = Stats()
         self._running: set[_Running] = set()
@@ -130,6 +132,7 @@ class VllmDouble:
             n,
             seed=self.seed,
             prompt_tokens=prompt_tokens,
+            vocab=self.vocab,
             finish_reason=finish or {"type": "length"},
             top_p=True,
             expert_shape=self.expert_shape if routed else None,
