@@ -8,6 +8,7 @@ its CPU time from getrusage, user and system apart, and the reads it made. The c
 
     python benchmarks/paced.py                                   # 256x400 and 1024x100 at interval 1, 256x400 at 20
     python benchmarks/paced.py --configs 256x400-i1 --repeat 2 --out /tmp/p.json
+    python benchmarks/paced.py --configs 256x400-i1 --clients httpx-lines,client --dialects sglang,dynamo,vllm
 
 ``stress.py --only paced`` runs the same. Clients: ``httpx-lines`` (httpx ``aiter_lines`` and
 ``json.loads`` per event, the way slime's streaming example reads), ``generate-stream``
@@ -40,17 +41,23 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # ---- the paced server (own process) -------------------------------------------------------------
 
 
-def serve(tokens: int, interval: int) -> None:
-    from fastaccum import wire
+def serve(tokens: int, interval: int, dialect: str = "sglang") -> None:
+    from fastaccum import wire, wire_vllm
 
     gen = wire.synthetic_generation("paced", tokens, prompt_tokens=len(PROMPT))
     opts = wire.WireOptions(incremental=True, skip_tokenizer_init=True)
     points = wire.emission_points(tokens, interval)
-    chunks, prev = [], 0
-    for k, end in enumerate(points):
-        event = wire.sse(wire.normal_event(gen, opts, prev, end, terminal=k == len(points) - 1, first=k == 0))
+    chunks: list[bytes] = []
+    if dialect == "vllm":  # vLLM's chunks, the usage chunk going out with the finishing one
+        events = [wire_vllm.sse(c) for c in wire_vllm.stream_chunks(gen, points=points)]
+        events[-2:] = [events[-2] + events[-1]]
+    else:  # SGLang's incremental events, which Dynamo passes through
+        events = [
+            wire.sse(wire.normal_event(gen, opts, prev, end, terminal=k == len(points) - 1, first=k == 0))
+            for k, (prev, end) in enumerate(zip([0, *points], points))
+        ]
+    for event in events:
         chunks.append(b"%x\r\n%s\r\n" % (len(event), event))
-        prev = end
     chunks.append(b"%x\r\n%s\r\n0\r\n\r\n" % (len(wire.DONE), wire.DONE))
     head = (
         b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
@@ -129,7 +136,12 @@ async def _httpx(url: str, payloads: list[dict[str, Any]]) -> tuple[list[int], i
                         continue
                     data = line[5:].strip()
                     if data and data != "[DONE]":
-                        for _, tid, _ in json.loads(data)["meta_info"]["output_token_logprobs"]:
+                        event = json.loads(data)
+                        if "choices" in event:  # vLLM
+                            for choice in event["choices"]:
+                                ids.extend(item["token_id"] for item in choice["logprobs"]["content"])
+                            continue
+                        for _, tid, _ in event["meta_info"]["output_token_logprobs"]:
                             ids.append(tid)
             return len(ids)
 
@@ -155,14 +167,16 @@ async def _client(url: str, payloads: list[dict[str, Any]], **options: Any) -> t
     return [len(r) for r in results], sum(r.timing.reads for r in results if r.timing)
 
 
-def client_child(kind: str, url: str, streams: int, tokens: int) -> dict[str, Any]:
-    payloads = [
+def client_child(kind: str, url: str, streams: int, tokens: int, dialect: str = "sglang") -> dict[str, Any]:
+    payloads: list[dict[str, Any]] = [
         {
             "input_ids": PROMPT,
             "rid": f"p-{i:05d}",
             "return_logprob": True,
             "sampling_params": {"max_new_tokens": tokens},
         }
+        if dialect != "vllm"
+        else {"token_ids": PROMPT, "request_id": f"p-{i:05d}", "sampling_params": {"max_tokens": tokens, "logprobs": 0}}
         for i in range(streams)
     ]
     if kind.startswith("httpx"):
@@ -171,7 +185,8 @@ def client_child(kind: str, url: str, streams: int, tokens: int) -> dict[str, An
         coro = _generate_stream(url, payloads)
     else:
         window = kind.removeprefix("client-").removesuffix("ms")  # client-<N>ms: a window of N ms
-        coro = _client(url, payloads, **({"coalesce_ms": float(window)} if window.isdigit() else {}))
+        options: dict[str, Any] = {"coalesce_ms": float(window)} if window.isdigit() else {}
+        coro = _client(url, payloads, dialect=dialect, **options)
     # A rollout process imported its client long before: one-off import CPU is not per-token cost
     # (fastaccum, numpy and aiohttp take about 0.3 s here, 3 µs per token of a 100k-token run).
     for module in (
@@ -202,11 +217,14 @@ def client_child(kind: str, url: str, streams: int, tokens: int) -> dict[str, An
 # ---- driver -------------------------------------------------------------------------------------
 
 
-def measure(name: str, repeat: int, clients: tuple[str, ...] = CLIENTS, *, router: bool = False) -> dict[str, Any]:
-    """``router``: the clients stream through sglang-router (PyPI) in front of the paced server."""
+def measure(
+    name: str, repeat: int, clients: tuple[str, ...] = CLIENTS, *, router: bool = False, dialect: str = "sglang"
+) -> dict[str, Any]:
+    """``router``: the clients stream through sglang-router (PyPI) in front of the paced server;
+    ``dialect``: the server writes that dialect's stream, and ``client`` reads it as such."""
     streams, tokens, interval = CONFIGS[name]
     server = subprocess.Popen(
-        [sys.executable, __file__, "--serve", str(tokens), str(interval)],
+        [sys.executable, __file__, "--serve", str(tokens), str(interval), dialect],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -224,7 +242,7 @@ def measure(name: str, repeat: int, clients: tuple[str, ...] = CLIENTS, *, route
         for _ in range(repeat):
             for c in clients:
                 proc = subprocess.run(
-                    [sys.executable, __file__, "--client", c, url, str(streams), str(tokens)],
+                    [sys.executable, __file__, "--client", c, url, str(streams), str(tokens), dialect],
                     capture_output=True,
                     text=True,
                 )
@@ -281,18 +299,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--router", action="store_true", help="also stream through sglang-router (PyPI)")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "paced.json"))
-    parser.add_argument("--serve", nargs=2, type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--client", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--dialects", default="sglang", help="comma-separated: sglang,dynamo,vllm; a row per dialect (docs/dialects.md)"
+    )
+    parser.add_argument("--serve", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--client", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        serve(*args.serve)
+        tokens, interval, dialect = args.serve
+        serve(int(tokens), int(interval), dialect)
         return 0
     if args.client:
-        kind, url, streams, tokens = args.client
-        print(json.dumps(client_child(kind, url, int(streams), int(tokens))))
+        kind, url, streams, tokens, dialect = args.client
+        print(json.dumps(client_child(kind, url, int(streams), int(tokens), dialect)))
         return 0
     clients = tuple(args.clients.split(","))
-    report = {name: measure(name, args.repeat, clients) for name in args.configs.split(",")}
+    report = {}
+    for dialect in args.dialects.split(","):
+        for name in args.configs.split(","):
+            key = name if dialect == "sglang" else f"{name} {dialect}"
+            report[key] = measure(name, args.repeat, clients, dialect=dialect)
     if args.router:
         for name in args.configs.split(","):
             report[f"{name} via router"] = measure(name, args.repeat, clients, router=True)
