@@ -1,7 +1,7 @@
 """Atheris harness for fastaccum's core: no crash, only StreamError escapes, and the twins agree.
 
 One fuzz input is a 4-byte header and an SSE body. The header picks the accumulator options
-(mode, max_event_bytes, expert_shape), whether the body is an HTTP chunked body (fed with
+(mode, max_event_bytes, expert_shape; the body's shape picks the dialect, vLLM's or SGLang's), whether the body is an HTTP chunked body (fed with
 ``feed_chunked()``, bit 7 of the first byte), whether the compiled twin streams every event's base64
 (the threshold of its streamed decode set to 0, and its own decoder or pybase64), and a seed for
 cutting the body into pieces (whole, single bytes, or random sizes up to 4 KiB). Each input runs
@@ -56,12 +56,18 @@ class TwinMismatch(AssertionError):
 # ---- one input ----------------------------------------------------------------------------------
 
 
-def options(header: bytes) -> dict[str, Any]:
+def options(header: bytes, body: bytes = b"") -> dict[str, Any]:
+    """The accumulator's options: from the header, and the dialect from the body, so that vLLM's
+    chunks (``"choices"`` before any ``"meta_info"``) are fuzzed through vLLM's path."""
     flags = header[0] if header else 0
+    at = body.find(b'"choices"')
+    vllm = at >= 0 and not 0 <= body.find(b'"meta_info"') < at
+    mode = _MODES[flags & 3]
     return {
-        "mode": _MODES[flags & 3],
+        "mode": "auto" if vllm and mode == "cumulative" else mode,
         "max_event_bytes": _LIMITS[(flags >> 2) & 3],
         "expert_shape": _SHAPES[(flags >> 4) & 1],
+        "dialect": "vllm" if vllm else "sglang",
     }
 
 
@@ -222,7 +228,7 @@ def check_input(data: bytes, twins: tuple[ModuleType, ModuleType] | None = None)
     """The harness's one test: raise on a crash, a non-StreamError, or any disagreement."""
     cy, py = twins or load_twins()
     header, body = data[:HEADER_BYTES], data[HEADER_BYTES:]
-    kwargs = options(header)
+    kwargs = options(header, body)
     pieces = cut(body, header)
     stream_all, own_decoder = streamed_decode(header)
     debug = {"decode_in_place": own_decoder, **({"stream_after_bytes": 0} if stream_all else {})}

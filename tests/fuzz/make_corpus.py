@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from fastaccum import wire_vllm
 from fastaccum.wire import (
     DONE,
     WireOptions,
@@ -148,6 +149,18 @@ def seeds() -> dict[str, bytes]:
     )
     out["chunked-bad-size"] = header(AUTO | CHUNKED) + chunk_encode(first)[:-5] + b"1g\r\n"
     out["chunked-data-after-end"] = header(AUTO | CHUNKED) + per_event + b"5\r\n"
+
+    # vLLM's chunks (the dialect follows the body): both shapes, routed experts as .npy, the
+    # sampling mask, the abort chunk, a pre-0.32 abort, an error object.
+    gv = synthetic_generation("fz-v", 6, prompt_tokens=3, top_p=True, expert_shape=(2, 2))
+    for shape in wire_vllm.SHAPES:
+        out[f"vllm-{shape}"] = header(AUTO, 2) + wire_vllm.stream_bytes(
+            wire_vllm.stream_chunks(gv, shape=shape, routed=True, sampling_mask=shape == "0.32", interval=2)
+        )
+    out["vllm-abort-chunk"] = header(AUTO) + wire_vllm.stream_bytes(
+        [wire_vllm.chunk(gv, 0, 2), wire_vllm.chunk(gv, 2, 2, finish="abort"), wire_vllm.usage_chunk(gv, 2)]
+    )
+    out["vllm-error"] = header(AUTO) + wire_vllm.sse(wire_vllm.chunk(gv, 0, 1)) + wire_vllm.error_chunk("boom") + DONE
 
     # Reported core bugs (docs/reliability.md); test_fuzz_corpus.py expects these to fail until fixed.
     out["bug-B1-nested-error"] = header(AUTO) + b'data: {"error":' + b"[" * 1000 + b"]" * 1000 + b"}\n\n"
