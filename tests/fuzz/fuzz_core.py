@@ -1,8 +1,9 @@
 """Atheris harness for fastaccum's core: no crash, only StreamError escapes, and the twins agree.
 
 One fuzz input is a 4-byte header and an SSE body. The header picks the accumulator options
-(mode, max_event_bytes, expert_shape; the body's shape picks the dialect, vLLM's or SGLang's), whether the body is an HTTP chunked body (fed with
-``feed_chunked()``, bit 7 of the first byte), whether the compiled twin streams every event's base64
+(mode, max_event_bytes, expert_shape; the body's shape picks the dialect, vLLM's or SGLang's),
+whether the body is an HTTP chunked body (fed with ``feed_chunked()``, bit 7 of the first byte),
+whether the compiled twin streams every event's base64
 (the threshold of its streamed decode set to 0, and its own decoder or pybase64), and a seed for
 cutting the body into pieces (whole, single bytes, or random sizes up to 4 KiB). Each input runs
 three times: the compiled twin on the pieces, the pure twin on the same pieces, and the compiled
