@@ -559,51 +559,99 @@ def test_vllm_stream_bytes_match_the_chunk_writer(shape: str) -> None:
     assert bare == wire_vllm.stream_bytes(chunks)
 
 
-def test_vllm_routed_experts_sampling_mask_and_stop_tokens() -> None:
-    emulator = Emulator(dialect="vllm", enable_return_routed_experts=True, num_layers=3, topk=2, num_experts=8)
+@pytest.mark.parametrize("shape", ["0.32", "0.31"])
+def test_vllm_routed_experts_sampling_mask_and_stop_tokens(shape: str) -> None:
+    # Both are the server's switches (vLLM asks nothing of the request); the mask is streamed from 0.32.
+    emulator = Emulator(
+        dialect="vllm",
+        vllm_shape=shape,
+        enable_return_routed_experts=True,
+        return_sampling_mask=True,
+        num_layers=3,
+        topk=2,
+        num_experts=8,
+    )
     stop = emulator.expected("v-1", 30, prompt_tokens=len(PROMPT)).token_ids[11]
 
-    async def main() -> list[Any]:
+    async def main() -> tuple[list[Any], tuple[int, bytes]]:
         async with emulator as url:
-            body = vllm_body("v-1", 30, return_routed_experts=True, return_sampling_mask=True)
-            body["sampling_params"]["stop_token_ids"] = [stop]
-            return events_of((await post_raw(url, "/inference/v1/generate", body))[1])
+            body = vllm_body("v-1", 30, sampling_params={"stop_token_ids": [stop], "top_k": 20})
+            stream = events_of((await post_raw(url, "/inference/v1/generate", body))[1])
+            return stream, await post_raw(url, "/inference/v1/generate", vllm_body("v-2", 5))
 
-    *chunks, done = run(main())
+    (*chunks, done), (refused, message) = run(main())
     assert done == "[DONE]" and len(chunks) == 12
     gen = emulator.expected("v-1", 12, prompt_tokens=len(PROMPT), top_p=True, routed_experts=True)
     last = chunks[-1]["choices"][0]
-    assert last["finish_reason"] == "stop" and last["stop_reason"] == stop
+    assert last["finish_reason"] == "stop" and last.get("stop_reason", stop) == stop
     assert all(c["choices"][0]["routed_experts"] is None for c in chunks[:-1])
     routed = np.load(io.BytesIO(pybase64.b64decode(last["routed_experts"])), allow_pickle=False)
     assert routed.dtype == np.uint8 and np.array_equal(routed, gen.routed_experts)
-    assert [row for c in chunks for row in c["choices"][0]["sampling_mask"]] == [list(r) for r in gen.top_p_rows or ()]
+    rows = [c["choices"][0]["sampling_mask"] for c in chunks]
+    if shape == "0.32":
+        assert [row for chunk_rows in rows for row in chunk_rows] == [list(r) for r in gen.top_p_rows or ()]
+    else:
+        assert rows == [None] * 12
+    assert refused == 400 and b"top_k > 0" in message  # vLLM bounds the mask's size by top_k
 
 
 @pytest.mark.parametrize("shape", ["0.32", "0.31"])
 def test_vllm_abort_ends_the_stream_in_the_shape_of_its_release(shape: str) -> None:
-    emulator = Emulator(dialect="vllm", vllm_shape=shape, token_rate=200)
+    emulator = Emulator(dialect="vllm", vllm_shape=shape, token_rate=200, enable_return_routed_experts=True)
 
-    async def main() -> tuple[list[Any], Any, Any]:
+    async def main() -> tuple[list[Any], Any, Any, Any]:
         async with emulator as url, aiohttp.ClientSession() as session:
             body = vllm_body("a-1", 100_000, stream_options={"include_usage": True})
             async with session.post(f"{url}/inference/v1/generate", json=body) as resp:
                 await resp.content.readuntil(b"\n\n")
                 busy = await (await session.get(f"{url}/load?include_inflight=true&inflight_limit=100")).json()
-                assert (await session.post(f"{url}/abort_requests", json={})).status == 200
+                reply = await (await session.post(f"{url}/abort_requests", json={})).json()
                 rest = await resp.read()
             idle = await (await session.get(f"{url}/load")).json()
-            return events_of(rest), busy, idle
+            return events_of(rest), busy, idle, reply
 
-    events, busy, idle = run(main())
+    events, busy, idle, reply = run(main())
     assert busy == {"server_load": 1} and idle == {"server_load": 0} and emulator.stats.aborted == 1
-    assert events[-1] == "[DONE]"
+    assert reply == {"status": "aborted", "aborted": 1}
+    *tokens, usage, done = events
+    assert done == "[DONE]" and usage["choices"] == []
+    assert usage["usage"]["completion_tokens"] == emulator.stats.written["a-1"]
     if shape == "0.32":
-        *_, abort, usage, _ = events
-        assert abort["choices"][0]["finish_reason"] == "abort" and abort["choices"][0]["token_ids"] == []
-        assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == emulator.stats.written["a-1"]
-    else:
-        assert all(e == "[DONE]" or e["choices"][0]["finish_reason"] is None for e in events)
+        abort = tokens[-1]["choices"][0]
+        assert abort["finish_reason"] == "abort" and abort["token_ids"] == []
+        routed = np.load(io.BytesIO(pybase64.b64decode(abort["routed_experts"])), allow_pickle=False)
+        assert routed.shape[0] == len(PROMPT) + emulator.stats.written["a-1"] - 1  # every position forwarded
+    else:  # before 0.32 the abort's empty output was skipped
+        assert all(e["choices"][0]["finish_reason"] is None for e in tokens)
+        assert all(e["choices"][0]["routed_experts"] is None for e in tokens)
+
+
+@pytest.mark.parametrize("shape", ["0.32", "0.31"])
+def test_vllm_abort_by_request_id(shape: str) -> None:
+    emulator = Emulator(dialect="vllm", vllm_shape=shape, token_rate=200)
+
+    async def main() -> tuple[int, int, int, list[Any]]:
+        async with emulator as url, aiohttp.ClientSession() as session:
+            path = f"{url}/inference/v1/generate"
+            async with (
+                session.post(path, json=vllm_body("b-1", 100_000)) as one,
+                session.post(path, json=vllm_body("b-2", 100_000)) as two,
+            ):
+                await one.content.readuntil(b"\n\n")
+                await two.content.readuntil(b"\n\n")
+                missing = (await session.post(f"{url}/inference/v1/abort_requests", json={})).status
+                by_id = await session.post(f"{url}/inference/v1/abort_requests", json={"request_ids": ["b-1"]})
+                if by_id.status == 404:  # 0.31: the RL dev API
+                    await session.post(f"{url}/abort_requests", json={"request_ids": ["b-1"]})
+                rest = events_of(await one.read())
+                running = emulator.running
+                two.close()
+            return missing, by_id.status, running, rest
+
+    missing, status, running, rest = run(main())
+    assert (missing, status) == ((400, 200) if shape == "0.32" else (404, 404))
+    assert running == 1 and emulator.stats.aborted == 1  # b-2 still decoding: ids match exactly
+    assert rest[-1] == "[DONE]"
 
 
 def test_vllm_error_fault_and_refusals() -> None:

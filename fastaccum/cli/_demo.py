@@ -64,6 +64,7 @@ async def _demo_async(args: argparse.Namespace) -> int:
         fault=None,
         dialect=args.dialect,
         vllm_shape=args.vllm_shape,
+        return_sampling_mask=False,
     )
     truth = emulator_from(server_args)  # never started: expected() is a pure function
     server = {"sglang": f"server {server_mode}", "dynamo": "Dynamo", "vllm": f"vLLM {args.vllm_shape}"}[args.dialect]
@@ -207,15 +208,14 @@ def _ended(status: int) -> str:
 
 
 def _payload(dialect: str, rid: str, prompt: list[int], tokens: int, *, routed: bool) -> dict[str, Any]:
-    """One request in the server's own keys (docs/dialects.md); logprobs asked for."""
+    """One request in the server's own keys (docs/dialects.md); logprobs asked for. vLLM sends
+    routed experts when the server has them on: a request does not ask."""
     if dialect == "vllm":
         params = {"max_tokens": tokens, "temperature": 1.0, "logprobs": 0}
-        body: dict[str, Any] = {"token_ids": prompt, "request_id": rid, "sampling_params": params}
-    else:
-        params = {"max_new_tokens": tokens, "temperature": 1.0}
-        body = {"input_ids": prompt, "rid": rid, "return_logprob": True, "sampling_params": params}
-    body["return_routed_experts"] = routed
-    return body
+        return {"token_ids": prompt, "request_id": rid, "sampling_params": params}
+    params = {"max_new_tokens": tokens, "temperature": 1.0}
+    body = {"input_ids": prompt, "rid": rid, "return_logprob": True, "sampling_params": params}
+    return {**body, "return_routed_experts": routed}
 
 
 def verify(truth: Any, outcome: Outcome, prompt_tokens: int, args: argparse.Namespace) -> list[str]:

@@ -35,6 +35,7 @@ def emulator_from(args: argparse.Namespace, **overrides: Any) -> Any:
         fault=args.fault,
         dialect=args.dialect,
         vllm_shape=args.vllm_shape,
+        return_sampling_mask=args.return_sampling_mask,
     )
     options.update(overrides)
     try:

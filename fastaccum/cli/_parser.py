@@ -119,7 +119,9 @@ def _add_server_options(p: argparse.ArgumentParser) -> None:
     add("--incremental-streaming-output", action="store_true", help="send only each event's new tokens, as in SGLang")
     add("--stream-interval", type=_positive, default=1, help="tokens per event, as in SGLang")
     add("--skip-tokenizer-init", action="store_true", help="send no text in events, as in SGLang")
-    add("--enable-return-routed-experts", action="store_true", help="serve routed experts on request, as in SGLang")
+    routed = "serve routed experts, as in SGLang (on request) and vLLM (always)"
+    add("--enable-return-routed-experts", action="store_true", help=routed)
+    add("--return-sampling-mask", action="store_true", help="vLLM: send each token's sampling mask, as in vLLM")
     add("--num-layers", type=_positive, default=4, help="MoE layers behind routed experts")
     add("--topk", type=_positive, default=2, help="experts per token")
     add("--num-experts", type=_positive, default=16, help="experts per layer")

@@ -42,16 +42,20 @@ Other servers (``dialect=``, docs/dialects.md; fastaccum.emulator._dialects):
   ``/abort_request`` (404): a client that leaves aborts its request. Its own faults:
   ``dynamo_error`` (``{"error":{"message":"Internal server error"}}`` then [DONE], instead of
   event ``at``), ``dynamo_killed`` (the body ends cleanly after event ``at``, without [DONE]) and
-  ``dynamo_stopped`` ([DONE] after event ``at``, which has no finish_reason).
+  ``dynamo_stopped`` ([DONE] after event ``at``, when that is not the terminal one).
 - ``"vllm"``: ``POST /inference/v1/generate`` (``token_ids``, ``sampling_params`` with
-  ``max_tokens`` (default 16), ``logprobs`` (null: none), ``stop_token_ids``, ``stream_interval``;
-  ``stream_options.include_usage``, ``request_id``; ``return_routed_experts`` (with
-  ``enable_return_routed_experts``) and ``return_sampling_mask``, top level or in
-  ``sampling_params``), written by fastaccum.wire_vllm in the shape of ``vllm_shape``. An abort
-  (``Emulator.abort(request_id)``, exact ids, or ``POST /abort_requests`` with ``request_ids``,
-  ``{}``: all) takes effect before the next token: ``"0.32"`` ends with a chunk of no tokens and
-  finish_reason ``"abort"`` (then usage, [DONE]), ``"0.31"`` with [DONE] alone. ``GET /load``
-  answers ``{"server_load": requests held}``, ``GET /health`` is empty. Faults: ``vllm_error``
+  ``max_tokens`` (default 128 in shape 0.32, standing for the model's context; 16 in 0.31),
+  ``logprobs`` (null: none), ``stop_token_ids``, ``stream_interval``; ``stream_options.include_usage``,
+  ``request_id``), written by fastaccum.wire_vllm in the shape of ``vllm_shape``. As in vLLM, routed
+  experts (``enable_return_routed_experts``) and the sampling mask (``return_sampling_mask``: rows
+  streamed with each chunk's tokens from 0.32, none streamed before; the request needs
+  temperature > 0 and top_k > 0) are the server's switches, not a request's, and the routed experts
+  come with the finishing chunk, an abort's too. An abort (``Emulator.abort(request_id)``, exact
+  ids; ``POST /inference/v1/abort_requests {"request_ids": [...]}`` in 0.32; the RL dev API's
+  ``POST /abort_requests``, ``{}`` for every request, in both) applies before the next token:
+  ``"0.32"`` ends with a chunk of no new tokens and finish_reason ``"abort"``, ``"0.31"`` skips
+  that chunk (the usage chunk and [DONE] follow, no finish_reason). ``GET /load`` answers
+  ``{"server_load": requests held}``, ``GET /health`` is empty. Faults: ``vllm_error``
   (``wire_vllm.error_chunk`` then [DONE], instead of event ``at``), and ``malformed_json``,
   ``cut``, ``http_500``, ``stall``, ``coalesce``, ``split`` as above.
 

@@ -105,6 +105,11 @@ def dynamo_rid(body: Mapping[str, Any], headers: Mapping[str, str]) -> Any:
 
 
 # ---- vLLM ---------------------------------------------------------------------------------------
+# As vLLM 0.31 and 0.32 have it (vllm/entrypoints/scale_out/token_in_token_out/, rl/ and
+# serve/dev/rlhf/ api_router.py, v1/engine/output_processor.py): routed experts and the sampling
+# mask are the server's switches (--enable-return-routed-experts, --return-sampling-mask), never a
+# request's; both arrive with the request's finishing output, an abort's included, and 0.32 on
+# streams the sampling mask rows with each chunk's tokens (0.31 streams none).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,30 +126,27 @@ class VllmRequest(Request):
     vllm: VllmOptions = dataclasses.field(default_factory=VllmOptions)
 
 
-def _flag(body: Mapping[str, Any], params: Mapping[str, Any], key: str) -> bool:
-    return bool(body.get(key)) or bool(params.get(key))
-
-
 def vllm_chunk(req: Request, outs: list[Output], *, first: bool) -> dict[str, Any]:
     """One chunk for the queued outputs: their tokens merged, as vLLM's output collector merges the
-    deltas a slow reader left queued; the finishing one carries finish_reason and the arrays."""
+    deltas a slow reader left queued; the finishing one (an abort's too) carries finish_reason and
+    the routed experts of every position forwarded so far."""
     assert isinstance(req, VllmRequest)
-    opts, last = req.vllm, outs[-1]
-    finish, stop_reason, routed = None, None, False
+    opts, last, gen = req.vllm, outs[-1], req.gen
+    finish, stop_reason = None, None
     if last.terminal and last.reason is ABORT_REASON:
         finish = "abort"
+        gen = truncate(gen, last.end, {"type": "abort"})
     elif last.terminal:
-        finish, stop_reason = wire_vllm.finish_of(req.gen)
-        routed = opts.routed
+        finish, stop_reason = wire_vllm.finish_of(gen)
     return wire_vllm.chunk(
-        req.gen,
+        gen,
         outs[0].start,
         last.end,
         shape=opts.shape,
         logprobs=opts.logprobs,
         finish=finish,
         stop_reason=stop_reason,
-        routed=routed,
+        routed=opts.routed and last.terminal,
         sampling_mask=opts.mask,
     )
 
@@ -157,6 +159,8 @@ class VllmServer:
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/inference/v1/generate", self.generate)
+        if self.em.vllm_shape == "0.32":
+            app.router.add_post("/inference/v1/abort_requests", self.abort_by_id)
         app.router.add_post("/abort_requests", self.abort_requests)
         app.router.add_get("/load", self.load)
         app.router.add_get("/health", self.health)
@@ -168,19 +172,35 @@ class VllmServer:
         # What vime's server control reads (num_requests_from_load): the requests the server holds.
         return web.json_response({"server_load": self.em.running + self.em.queued})
 
-    async def abort_requests(self, request: web.Request) -> web.Response:
-        """vLLM's RLHF API: ``{"request_ids": [...]}`` aborts those, ``{}`` every request."""
+    async def _ids(self, request: web.Request) -> tuple[list[str] | None, web.Response | None]:
         try:
             body = orjson.loads(await request.read() or b"{}")
         except orjson.JSONDecodeError as exc:
-            return error_response("vllm", 400, f"invalid JSON body: {exc}")
-        ids = body.get("request_ids") if isinstance(body, dict) else None
-        if ids:
-            for rid in ids:
-                self.em.abort(str(rid))
-        else:
-            self.em.abort(abort_all=True)
-        return web.json_response({})
+            return None, web.json_response({"detail": f"JSON decode error: {exc}"}, status=400)
+        if not isinstance(body, dict):
+            return None, web.json_response({"detail": "Request body must be a JSON object"}, status=400)
+        ids = body.get("request_ids")
+        return ([str(rid) for rid in ids] if isinstance(ids, list) else None), None
+
+    async def abort_by_id(self, request: web.Request) -> web.Response:
+        """0.32 on: ``POST /inference/v1/abort_requests {"request_ids": [...]}``, 200 and no body."""
+        ids, refusal = await self._ids(request)
+        if refusal is not None:
+            return refusal
+        if ids is None:
+            return web.json_response({"detail": "Missing 'request_ids' in request body"}, status=400)
+        for rid in ids:
+            self.em.abort(rid)
+        return web.Response(status=200)
+
+    async def abort_requests(self, request: web.Request) -> web.Response:
+        """The RL dev API's ``POST /abort_requests`` (what vime calls on every worker):
+        ``{"request_ids": [...]}`` aborts those, ``{}`` every request the server holds."""
+        ids, refusal = await self._ids(request)
+        if refusal is not None:
+            return refusal
+        aborted = sum(self.em.abort(rid) for rid in ids) if ids else self.em.abort(abort_all=True)
+        return web.json_response({"status": "aborted", "aborted": aborted})
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -202,25 +222,29 @@ class VllmServer:
 
     def make_request(self, body: dict[str, Any], fault: dict[str, Any]) -> VllmRequest:
         ids = body.get("token_ids")
-        if not isinstance(ids, list) or not ids or not all(type(t) is int for t in ids):
-            raise ValueError("token_ids must be a non-empty list of ints")
+        if not isinstance(ids, list) or not ids or not all(type(t) is int and t >= 0 for t in ids):
+            raise ValueError("token_ids must be a non-empty list of token ids")
         params = body.get("sampling_params")
         if not isinstance(params, dict):
             raise ValueError("sampling_params is required (an object)")
         rid = body.get("request_id") or uuid.uuid4().hex
         if not isinstance(rid, str):
             raise ValueError("request_id must be a string")
-        max_tokens = params.get("max_tokens")
-        max_tokens = 16 if max_tokens is None else max_tokens
+        em = self.em
+        # Left out: vLLM 0.32 fills the model's context (here the emulator's SGLang default), 0.31 16.
+        max_tokens = params.get("max_tokens", 128 if em.vllm_shape == "0.32" else 16)
         if type(max_tokens) is not int or max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens!r}")
         logprobs = params.get("logprobs")
         if logprobs is not None and (type(logprobs) is not int or logprobs < -1):
             raise ValueError(f"logprobs must be an integer or null, got {logprobs!r}")
+        mask = em.return_sampling_mask
+        if mask and not params.get("temperature", 1.0) > 0:
+            raise ValueError("sampling distribution replay requires temperature > 0")
+        if mask and not (type(params.get("top_k")) is int and params["top_k"] > 0):
+            raise ValueError("sampling distribution replay requires top_k > 0")
         options = body.get("stream_options") or {}
-        em = self.em
-        routed = _flag(body, params, "return_routed_experts") and em.enable_return_routed_experts
-        mask = _flag(body, params, "return_sampling_mask")
+        routed = em.enable_return_routed_experts
         gen = em.expected(rid, max_tokens, prompt_tokens=len(ids), top_p=mask, routed_experts=routed)
         stops = set(params.get("stop_token_ids") or ())
         hit = next((i for i, t in enumerate(gen.token_ids) if t in stops), None)
@@ -228,7 +252,9 @@ class VllmServer:
             gen = truncate(gen, hit + 1, {"type": "stop", "matched": gen.token_ids[hit]})
         else:
             gen = dataclasses.replace(gen, finish_reason={"type": "length"})
-        vllm = VllmOptions(em.vllm_shape, logprobs is not None, routed, mask, bool(options.get("include_usage")))
+        streamed_mask = mask and em.vllm_shape == "0.32"
+        usage = bool(options.get("include_usage"))
+        vllm = VllmOptions(em.vllm_shape, logprobs is not None, routed, streamed_mask, usage)
         interval = max(1, int(params.get("stream_interval") or em.stream_interval))
         return VllmRequest(rid=rid, gen=gen, opts=wire.WireOptions(), interval=interval, fault=fault, vllm=vllm)
 
@@ -271,14 +297,10 @@ class VllmServer:
                 await write(data[: len(data) // 2])
                 raise ConnectionCut
             choice = chunk["choices"][0]
-            if choice["finish_reason"] == "abort" and opts.shape != "0.32":
-                # Before 0.32 vLLM dropped the aborted request's last output: [DONE], no finish_reason.
-                choice["finish_reason"] = None
-                if choice["token_ids"]:
-                    await write(wire_vllm.sse(chunk))
-                    sent += len(choice["token_ids"])
-                    em.stats.written[req.rid] = sent
-                raise StreamEnded
+            if opts.shape != "0.32" and not choice["token_ids"] and choice["finish_reason"] == "abort":
+                # Before 0.32 an output without tokens was skipped, the abort's too: the usage
+                # chunk and [DONE] follow the last tokens, with no finish_reason.
+                return
             await write(wire_vllm.sse(chunk))
             sent += len(choice["token_ids"])
             em.stats.written[req.rid] = sent

@@ -54,7 +54,8 @@ class Emulator:
     ``dialect`` picks the server (docs/dialects.md): ``"sglang"``; ``"dynamo"``, Dynamo's frontend
     before SGLang workers (incremental whatever was asked, no ``/abort_request``); ``"vllm"``,
     vLLM's ``/inference/v1/generate`` in the chunk shape of ``vllm_shape`` (``"0.32"``, or ``"0.31"``
-    for 0.24 to 0.31). fastaccum.emulator._dialects serves what differs.
+    for 0.24 to 0.31), where ``enable_return_routed_experts`` and ``return_sampling_mask`` are
+    vLLM's flags of those names. fastaccum.emulator._dialects serves what differs.
     """
 
     def __init__(
@@ -81,6 +82,7 @@ class Emulator:
         plain_text: bool = False,
         dialect: str = "sglang",
         vllm_shape: str = "0.32",
+        return_sampling_mask: bool = False,
     ) -> None:
         if version not in ("0.5.23", "0.5.15"):
             raise ValueError(f"version must be '0.5.23' or '0.5.15', not {version!r}")
@@ -88,6 +90,7 @@ class Emulator:
         if fault is not None:
             check_dialect_fault(dialect, fault)
         self.dialect, self.vllm_shape = dialect, vllm_shape
+        self.return_sampling_mask = return_sampling_mask  # vLLM's --return-sampling-mask
         self.host, self.port = host, port
         # Dynamo's worker forces SGLang's incremental mode (facts: dynamo/sglang/args.py).
         self.incremental_streaming_output = incremental_streaming_output or dialect == "dynamo"
