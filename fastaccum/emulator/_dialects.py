@@ -319,13 +319,15 @@ class VllmServer:
             if request.transport is not None:
                 request.transport.close()
             return
+        # The request is over once its finishing output went out (a client that leaves while the
+        # usage chunk and [DONE] are written is no disconnect).
+        req.state = "done"
+        em.stats.completed += 1
         if opts.usage:
             await write(wire_vllm.sse(wire_vllm.usage_chunk(gen, sent, shape=opts.shape)))
         if kind == "stall" and at == "done":
             await wire_stall(req.fault)
         await write(wire.DONE)
-        req.state = "done"
-        em.stats.completed += 1
         await resp.write_eof()
 
     async def whole(self, req: VllmRequest) -> web.Response:
