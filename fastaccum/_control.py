@@ -240,7 +240,7 @@ class VllmAbortSender(AbortSender):
     async def _send(self, batch: dict[str, Callable[[BaseException], None]]) -> None:
         try:
             for path in self._paths:
-                request = self._base.request("POST", path, {"request_ids": list(batch)})
+                request = self._base.request("POST", path, {"request_ids": _vllm_ids(batch)})
                 (reply,) = await self._base.exchange([request])
                 self.sent += 1
                 if reply.status not in (404, 405):
@@ -258,6 +258,13 @@ class VllmAbortSender(AbortSender):
         except Exception as exc:
             for failed in batch.values():
                 failed(exc)
+
+
+def _vllm_ids(rids: Iterable[str]) -> list[str]:
+    """The ids vLLM's abort knows a request by: its generate handler runs it as
+    ``generate-tokens-<request_id>``, the id its chunks carry; the bare id too, for servers that
+    keep it (an id nothing runs under is ignored)."""
+    return [name for rid in rids for name in (f"generate-tokens-{rid}", rid)]
 
 
 def _check(server: _Server, replies: list[_Reply], path: str = "/abort_request") -> None:
