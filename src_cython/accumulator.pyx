@@ -289,6 +289,10 @@ cdef class _Core(EventSink):
         """The rest of _apply for a vLLM chunk: read into the Event record SGLang's events fill
         (fastaccum._dialects)."""
         cdef Event event
+        if self._meta_in_piece != NULL:  # a usage chunk adds to the held meta_info, which may be
+            # a chunk read in place earlier in this feed(): keep it before it is read
+            self._lazy_meta = PyBytes_FromStringAndSize(<const char*>self._meta_in_piece, self._meta_in_piece_len)
+            self._meta_in_piece = NULL
         parsed = read_chunk(index, data, json_bytes, spans, scan.original if streamed is not None else None,
                             self._meta_dict(), finished=self._finish_reason is not None)
         if not parsed.spans:

@@ -117,6 +117,17 @@ def test_done_without_a_finish_reason_is_a_truncation_that_keeps_the_prefix(impl
     assert acc.snapshot().token_ids.tolist() == list(gen.token_ids[:3])
 
 
+def test_a_usage_chunk_adds_its_counts_to_the_meta_info_of_the_chunk_before_it(impl: ModuleType) -> None:
+    # in one piece, so that the compiled twin reads the chunks before it in place
+    gen = synthetic_generation("r", 10)
+    chunks = [wire_vllm.chunk(gen, i, i + 1, shape="0.31") for i in range(3)] + [wire_vllm.usage_chunk(gen, 3)]
+    acc = impl.StreamAccumulator(dialect="vllm")
+    with pytest.raises(StreamTruncatedError):
+        acc.feed(wire_vllm.stream_bytes(chunks))
+    meta = acc.snapshot().meta_info
+    assert (meta["request_id"], meta["index"], meta["usage"]["completion_tokens"]) == ("r", 0, 3)
+
+
 def test_a_vllm_error_object_is_a_server_error_after_the_prefix(impl: ModuleType) -> None:
     gen = synthetic_generation("r", 10)
     data = wire_vllm.stream_bytes([wire_vllm.chunk(gen, 0, 2)], done=False)
