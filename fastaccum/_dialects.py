@@ -154,7 +154,8 @@ def chunk_meta(obj: dict[str, Any], choice: dict[str, Any] | None) -> dict[str, 
     """What SGLang's meta_info would hold of a chunk: its fields but the choices, and its choice's
     but the tokens; the arrays only where present, to be decoded by chunk_arrays (a result drops
     them). The compiled twin reads an ordinary chunk's from its bytes only when a result is built."""
-    meta = {key: value for key, value in obj.items() if key != "choices"}
+    # Arrays count only in the choice: elsewhere they are not vLLM's, and the scanner skips them.
+    meta = {key: value for key, value in obj.items() if key != "choices" and key not in ARRAY_KEYS}
     if choice is None and obj.get("choices"):
         choice = obj["choices"][0]
     for key, value in (choice or {}).items():

@@ -179,6 +179,16 @@ def test_a_bad_npy_is_refused_and_never_unpickled(impl: ModuleType, npy: str, wh
         _accumulate(impl, wire_vllm.stream_bytes(chunks), dialect="vllm")
 
 
+def test_arrays_outside_the_choice_are_not_vllms_and_are_ignored(impl: ModuleType) -> None:
+    gen = synthetic_generation("r", 3)
+    chunks = list(wire_vllm.stream_chunks(gen))
+    chunks[0]["routed_experts"] = ""
+    chunks[1]["sampling_mask"] = [[1]]
+    result = _accumulate(impl, wire_vllm.stream_bytes(chunks), dialect="vllm")
+    assert result.routed_experts is None and result.top_p_token_ids is None
+    assert "routed_experts" not in result.meta_info
+
+
 def test_the_sampling_mask_becomes_the_top_p_rows(impl: ModuleType) -> None:
     gen = synthetic_generation("r", 20, top_p=True)
     data = wire_vllm.stream_bytes(wire_vllm.stream_chunks(gen, sampling_mask=True, interval=3))
