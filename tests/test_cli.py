@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -467,6 +468,7 @@ def test_emulator_command_serves_vllm_in_the_shape_asked_for() -> None:
         child.terminate()
         child.wait(timeout=10)
     gen = Emulator().expected("cli-1", 9, prompt_tokens=3, finish_reason={"type": "length"})
+    gen = dataclasses.replace(gen, rid="generate-tokens-cli-1")  # vLLM's own id on the wire
     chunks = wire_vllm.stream_chunks(gen, shape="0.31", interval=4, usage=False)
     assert stream == wire_vllm.stream_bytes(chunks)
 

@@ -13,10 +13,12 @@ import pytest
 from client_helpers import PROMPT, Transport, abort_after, run, wait_until
 
 from fastaccum import ServerError, StreamResult, StreamTruncatedError
-from fastaccum.emulator import Emulator
+from fastaccum.emulator import VLLM_ID_PREFIX, Emulator
 from fastaccum.wire import Generation
 
 PATHS = {"dynamo": "/generate", "vllm": "/inference/v1/generate"}
+# The server's id for a request: Dynamo's is the rid, vLLM's its own prefix and the request_id.
+WIRE_ID = {"dynamo": "", "vllm": VLLM_ID_PREFIX}
 # Paced so that an abort lands mid-stream; a stream long enough never to end first.
 RATE, LONG = 2000, 20_000
 
@@ -120,7 +122,8 @@ def test_vllm_sampling_mask_rows_come_one_per_token_across_chunks(transport: Tra
 
 # ---- abort ------------------------------------------------------------------------------------
 # Dynamo's abort is the disconnect, and so is every GenerateStream's. Client drains vLLM's: it posts
-# the request id to vLLM's abort endpoint and reads on to the end the server writes.
+# vLLM's id for the request (generate-tokens-<request_id>) to vLLM's abort endpoint and reads on to
+# the end the server writes.
 
 
 @pytest.mark.parametrize("dialect", ["dynamo", "vllm"])
@@ -138,7 +141,7 @@ def test_abort_by_disconnect_keeps_the_received_prefix_and_stops_the_server(tran
     result = run(main())
     assert result.aborted and 5 <= len(result) < LONG and result.finish_reason is None
     assert_prefix(emulator, "a-1", result)
-    assert emulator.stats.disconnected_rids == ["a-1"] and emulator.stats.aborted == 0
+    assert emulator.stats.disconnected_rids == [WIRE_ID[dialect] + "a-1"] and emulator.stats.aborted == 0
     assert no_abort_request_was_sent(emulator), emulator.stats.calls
 
 
@@ -217,7 +220,7 @@ def test_vllm_0_32_server_abort_ends_with_its_abort_chunk(transport: Transport) 
             stream = stream_of(make, "vllm", body_for("vllm", "s-1", LONG))
             task = asyncio.ensure_future(stream.run())
             await wait_until(lambda: stream.tokens >= 5)
-            assert emulator.abort("s-1") == 1
+            assert emulator.abort("generate-tokens-s-1") == 1
             result: StreamResult = await task
             return result
 
@@ -239,7 +242,7 @@ def test_vllm_0_31_server_abort_is_a_truncation_unless_the_client_asked(
             stream = stream_of(make, "vllm", body_for("vllm", "o-1", LONG))
             task = asyncio.ensure_future(stream.run())
             await wait_until(lambda: stream.tokens >= 5)
-            emulator.abort("o-1")
+            assert emulator.abort("generate-tokens-o-1") == 1
             if client_abort:  # the rollout aborts: it asked the server and closes its stream
                 stream.abort()
                 result: StreamResult = await task

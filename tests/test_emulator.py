@@ -552,9 +552,12 @@ def test_vllm_stream_bytes_match_the_chunk_writer(shape: str) -> None:
             return full, bare
 
     full, bare = run(main())
-    gen = dataclasses.replace(emulator.expected("v-1", 20, prompt_tokens=len(PROMPT)), finish_reason={"type": "length"})
+    # Tokens keyed by the request_id, the chunks carrying vLLM's own id for it.
+    gen = emulator.expected("v-1", 20, prompt_tokens=len(PROMPT), finish_reason={"type": "length"})
+    gen = dataclasses.replace(gen, rid="generate-tokens-v-1")
     assert full == wire_vllm.stream_bytes(wire_vllm.stream_chunks(gen, shape=shape, interval=3))
-    gen = dataclasses.replace(emulator.expected("v-2", 5, prompt_tokens=len(PROMPT)), finish_reason={"type": "length"})
+    gen = emulator.expected("v-2", 5, prompt_tokens=len(PROMPT), finish_reason={"type": "length"})
+    gen = dataclasses.replace(gen, rid="generate-tokens-v-2")
     chunks = wire_vllm.stream_chunks(gen, shape=shape, interval=3, logprobs=False, usage=False)
     assert bare == wire_vllm.stream_bytes(chunks)
 
@@ -615,43 +618,47 @@ def test_vllm_abort_ends_the_stream_in_the_shape_of_its_release(shape: str) -> N
     assert reply == {"status": "aborted", "aborted": 1}
     *tokens, usage, done = events
     assert done == "[DONE]" and usage["choices"] == []
-    assert usage["usage"]["completion_tokens"] == emulator.stats.written["a-1"]
+    assert usage["usage"]["completion_tokens"] == emulator.stats.written["generate-tokens-a-1"]
     if shape == "0.32":
         abort = tokens[-1]["choices"][0]
         assert abort["finish_reason"] == "abort" and abort["token_ids"] == []
         routed = np.load(io.BytesIO(pybase64.b64decode(abort["routed_experts"])), allow_pickle=False)
-        assert routed.shape[0] == len(PROMPT) + emulator.stats.written["a-1"] - 1  # every position forwarded
+        forwarded = len(PROMPT) + emulator.stats.written["generate-tokens-a-1"] - 1
+        assert routed.shape[0] == forwarded  # every position forwarded so far
     else:  # before 0.32 the abort's empty output was skipped
         assert all(e["choices"][0]["finish_reason"] is None for e in tokens)
         assert all(e["choices"][0]["routed_experts"] is None for e in tokens)
 
 
 @pytest.mark.parametrize("shape", ["0.32", "0.31"])
-def test_vllm_abort_by_request_id(shape: str) -> None:
+def test_vllm_aborts_name_vllms_own_id_exactly(shape: str) -> None:
     emulator = Emulator(dialect="vllm", vllm_shape=shape, token_rate=200)
 
     async def main() -> tuple[int, int, int, list[Any]]:
         async with emulator as url, aiohttp.ClientSession() as session:
             path = f"{url}/inference/v1/generate"
-            async with (
-                session.post(path, json=vllm_body("b-1", 100_000)) as one,
-                session.post(path, json=vllm_body("b-2", 100_000)) as two,
-            ):
-                await one.content.readuntil(b"\n\n")
-                await two.content.readuntil(b"\n\n")
-                missing = (await session.post(f"{url}/inference/v1/abort_requests", json={})).status
-                by_id = await session.post(f"{url}/inference/v1/abort_requests", json={"request_ids": ["b-1"]})
-                if by_id.status == 404:  # 0.31: the RL dev API
-                    await session.post(f"{url}/abort_requests", json={"request_ids": ["b-1"]})
-                rest = events_of(await one.read())
-                running = emulator.running
-                two.close()
+            one = await session.post(path, json=vllm_body("b-1", 100_000))
+            two = await session.post(path, json=vllm_body("", 100_000), headers={"X-Request-Id": "b-10"})
+            await one.content.readuntil(b"\n\n")
+            await two.content.readuntil(b"\n\n")
+            missing = (await session.post(f"{url}/inference/v1/abort_requests", json={})).status
+            # The client's request_id is not vLLM's id: it aborts nothing, nor does a prefix.
+            await session.post(f"{url}/abort_requests", json={"request_ids": ["b-1", "generate-tokens-b-"]})
+            by_id = await session.post(
+                f"{url}/inference/v1/abort_requests", json={"request_ids": "generate-tokens-b-1"}
+            )
+            if by_id.status == 404:  # before 0.32: the RL dev API
+                await session.post(f"{url}/abort_requests", json={"request_ids": ["generate-tokens-b-1"]})
+            rest = events_of(await one.read())
+            running = emulator.running
+            two.close()
             return missing, by_id.status, running, rest
 
     missing, status, running, rest = run(main())
     assert (missing, status) == ((400, 200) if shape == "0.32" else (404, 404))
-    assert running == 1 and emulator.stats.aborted == 1  # b-2 still decoding: ids match exactly
-    assert rest[-1] == "[DONE]"
+    assert running == 1 and emulator.stats.aborted == 1  # generate-tokens-b-10 still decoding
+    assert emulator.stats.disconnected_rids == ["generate-tokens-b-10"]  # the header named it
+    assert rest[-1] == "[DONE]" and all(e["request_id"] == "generate-tokens-b-1" for e in rest[:-1])
 
 
 def test_vllm_error_fault_and_refusals() -> None:
@@ -666,8 +673,9 @@ def test_vllm_error_fault_and_refusals() -> None:
 
     (status, body), (bad_status, bad), (wrong_status, wrong) = run(main())
     gen = emulator.expected("e-1", 5, prompt_tokens=len(PROMPT))
-    first = wire_vllm.sse(wire_vllm.chunk(gen, 0, 1))
-    assert status == 200 and body == first + wire_vllm.error_chunk("boom") + wire.DONE
+    first = wire_vllm.sse(wire_vllm.chunk(dataclasses.replace(gen, rid="generate-tokens-e-1"), 0, 1))
+    # By default the engine error vLLM writes: InternalServerError, 500.
+    assert status == 200 and body == first + wire_vllm.error_chunk("boom", "InternalServerError", 500) + wire.DONE
     assert bad_status == 400 and "token_ids" in orjson.loads(bad)["error"]["message"]
     assert wrong_status == 400 and b"not one a vllm server produces" in wrong
     with pytest.raises(ValueError, match="vllm_shape"):

@@ -44,25 +44,30 @@ Other servers (``dialect=``, docs/dialects.md; fastaccum.emulator._dialects):
   event ``at``), ``dynamo_killed`` (the body ends cleanly after event ``at``, without [DONE]) and
   ``dynamo_stopped`` ([DONE] after event ``at``, when that is not the terminal one).
 - ``"vllm"``: ``POST /inference/v1/generate`` (``token_ids``, ``sampling_params`` with
-  ``max_tokens`` (default 128 in shape 0.32, standing for the model's context; 16 in 0.31),
-  ``logprobs`` (null: none), ``stop_token_ids``, ``stream_interval``; ``stream_options.include_usage``,
-  ``request_id``), written by fastaccum.wire_vllm in the shape of ``vllm_shape``. As in vLLM, routed
+  ``max_tokens`` (default 128, standing for the model's context), ``logprobs`` (null: none),
+  ``stop_token_ids``, ``stream_interval``; ``stream_options.include_usage``, ``request_id``),
+  written by fastaccum.wire_vllm in the shape of ``vllm_shape``. Tokens are keyed by the
+  ``request_id`` (``expected(request_id, n)``; the ``X-Request-Id`` header overrides it), but the
+  chunks, the stats and every abort use vLLM's own id, ``VLLM_ID_PREFIX + request_id``
+  (``generate-tokens-<id>``). As in vLLM, routed
   experts (``enable_return_routed_experts``) and the sampling mask (``return_sampling_mask``: rows
   streamed with each chunk's tokens from 0.32, none streamed before; the request needs
   temperature > 0 and top_k > 0) are the server's switches, not a request's, and the routed experts
-  come with the finishing chunk, an abort's too. An abort (``Emulator.abort(request_id)``, exact
+  come with the finishing chunk, an abort's too. An abort (``Emulator.abort(vllm_id)``, exact
   ids; ``POST /inference/v1/abort_requests {"request_ids": [...]}`` in 0.32; the RL dev API's
   ``POST /abort_requests``, ``{}`` for every request, in both) applies before the next token:
   ``"0.32"`` ends with a chunk of no new tokens and finish_reason ``"abort"``, ``"0.31"`` skips
   that chunk (the usage chunk and [DONE] follow, no finish_reason). ``GET /load`` answers
   ``{"server_load": requests held}``, ``GET /health`` is empty. Faults: ``vllm_error``
-  (``wire_vllm.error_chunk`` then [DONE], instead of event ``at``), and ``malformed_json``,
+  (``wire_vllm.error_chunk`` then [DONE], instead of event ``at``; by default vLLM's engine error,
+  ``Internal server error``, 500), and ``malformed_json``,
   ``cut``, ``http_500``, ``stall``, ``coalesce``, ``split`` as above.
 
 ``EmulatorStats.calls`` counts the requests each path received, served or not.
 """
 
+from fastaccum.emulator._dialects import VLLM_ID_PREFIX
 from fastaccum.emulator._requests import ABORT_REASON, FAULT_KEY, FAULT_KINDS, EmulatorStats
 from fastaccum.emulator._server import Emulator
 
-__all__ = ("Emulator", "EmulatorStats", "FAULT_KEY", "FAULT_KINDS", "ABORT_REASON")
+__all__ = ("Emulator", "EmulatorStats", "FAULT_KEY", "FAULT_KINDS", "ABORT_REASON", "VLLM_ID_PREFIX")

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = (
     "DIALECTS",
     "DYNAMO_INTERNAL_ERROR",
+    "VLLM_ID_PREFIX",
     "VllmRequest",
     "VllmServer",
     "check_dialect",
@@ -44,6 +45,9 @@ __all__ = (
 )
 
 DIALECTS = ("sglang", "dynamo", "vllm")
+# vLLM's id for a /inference/v1/generate request: this prefix and the client's request_id (or its
+# X-Request-Id header, or a random one). The chunks carry it, and an abort must name it.
+VLLM_ID_PREFIX = "generate-tokens-"
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 # Dynamo's frontend writes every backend error mid-stream as this (SanitizedError::Internal).
 DYNAMO_INTERNAL_ERROR = "Internal server error"
@@ -180,6 +184,8 @@ class VllmServer:
         if not isinstance(body, dict):
             return None, web.json_response({"detail": "Request body must be a JSON object"}, status=400)
         ids = body.get("request_ids")
+        if isinstance(ids, str):
+            return [ids], None
         return ([str(rid) for rid in ids] if isinstance(ids, list) else None), None
 
     async def abort_by_id(self, request: web.Request) -> web.Response:
@@ -212,7 +218,7 @@ class VllmServer:
         fault = body.get(FAULT_KEY, self.em.fault) or {}
         try:
             check_dialect_fault("vllm", fault)
-            req = self.make_request(body, fault)
+            req = self.make_request(body, fault, request.headers.get("X-Request-Id"))
         except ValueError as exc:
             return error_response("vllm", 400, str(exc))
         if fault.get("kind") == "http_500":
@@ -220,19 +226,20 @@ class VllmServer:
         stream = bool(body.get("stream"))
         return await self.em._serve(req, lambda: self.stream(request, req) if stream else self.whole(req))
 
-    def make_request(self, body: dict[str, Any], fault: dict[str, Any]) -> VllmRequest:
+    def make_request(self, body: dict[str, Any], fault: dict[str, Any], header_id: str | None) -> VllmRequest:
         ids = body.get("token_ids")
         if not isinstance(ids, list) or not ids or not all(type(t) is int and t >= 0 for t in ids):
             raise ValueError("token_ids must be a non-empty list of token ids")
         params = body.get("sampling_params")
         if not isinstance(params, dict):
             raise ValueError("sampling_params is required (an object)")
-        rid = body.get("request_id") or uuid.uuid4().hex
-        if not isinstance(rid, str):
+        base = body.get("request_id", uuid.uuid4().hex)
+        if not isinstance(base, str):
             raise ValueError("request_id must be a string")
+        base = header_id if header_id is not None else base  # vLLM's X-Request-Id overrides the body
         em = self.em
-        # Left out: vLLM 0.32 fills the model's context (here the emulator's SGLang default), 0.31 16.
-        max_tokens = params.get("max_tokens", 128 if em.vllm_shape == "0.32" else 16)
+        # Left out: vLLM fills the model's context (here the emulator's SGLang default).
+        max_tokens = params.get("max_tokens", 128)
         if type(max_tokens) is not int or max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens!r}")
         logprobs = params.get("logprobs")
@@ -245,13 +252,16 @@ class VllmServer:
             raise ValueError("sampling distribution replay requires top_k > 0")
         options = body.get("stream_options") or {}
         routed = em.enable_return_routed_experts
-        gen = em.expected(rid, max_tokens, prompt_tokens=len(ids), top_p=mask, routed_experts=routed)
+        # Tokens are keyed by the id the client gave; the wire (and every abort) uses vLLM's own.
+        gen = em.expected(base, max_tokens, prompt_tokens=len(ids), top_p=mask, routed_experts=routed)
+        rid = VLLM_ID_PREFIX + base
         stops = set(params.get("stop_token_ids") or ())
         hit = next((i for i, t in enumerate(gen.token_ids) if t in stops), None)
         if hit is not None:
             gen = truncate(gen, hit + 1, {"type": "stop", "matched": gen.token_ids[hit]})
         else:
             gen = dataclasses.replace(gen, finish_reason={"type": "length"})
+        gen = dataclasses.replace(gen, rid=rid)
         streamed_mask = mask and em.vllm_shape == "0.32"
         usage = bool(options.get("include_usage"))
         vllm = VllmOptions(em.vllm_shape, logprobs is not None, routed, streamed_mask, usage)
@@ -285,9 +295,11 @@ class VllmServer:
             nonlocal sent
             if index == at and kind == "stall":
                 await wire_stall(req.fault)
-            elif index == at and kind == "vllm_error":
-                message = req.fault.get("message", "injected error")
-                await write(wire_vllm.error_chunk(message, code=int(req.fault.get("code", 400))))
+            elif index == at and kind == "vllm_error":  # as vLLM writes an engine error by default
+                message = req.fault.get("message", "Internal server error")
+                code = int(req.fault.get("code", 500))
+                kind_name = "InternalServerError" if code >= 500 else "BadRequestError"
+                await write(wire_vllm.error_chunk(message, req.fault.get("type", kind_name), code))
                 raise StreamEnded  # then [DONE]
             elif index == at and kind == "malformed_json":
                 await write(b'data: {"request_id":"broken","choices":[{"index":0,\n\n')
