@@ -5,7 +5,7 @@ SGLang's path; only its end rules and its request differ. vLLM's token-in/token-
 ``/inference/v1/generate`` writes its own chunks (OpenAI-like ``choices``): ``read_chunk`` reads
 one into the same ``ParsedEvent`` and ``Event`` record that SGLang's events fill, so the rules in
 fastaccum._py.lengths and the twins' ``_commit`` do not change. Runs once per request, or on the
-orjson path (the compiled twin's scanner reads vLLM's ordinary chunks, fastaccum._cy.scan).
+orjson path (the compiled twin's scanner reads vLLM's ordinary chunks: src_cython/scan_chunk.pyx).
 The servers' facts are in docs/dialects.md.
 """
 
@@ -78,8 +78,9 @@ def check_dialect(dialect: object) -> None:
 
 def request_for(dialect: str, payload: Mapping[str, Any], new_id: Callable[[], str] | None) -> DialectRequest:
     """The request for ``payload`` (the server's own request keys): its id (the payload's, else
-    ``new_id()`` added to it; None: none added) and the keys streaming needs. vLLM counts the tokens it sends only in a
-    usage chunk, which ``stream_options.include_usage`` asks for: the accumulator checks it."""
+    ``new_id()`` added to it; None: none added) and the keys streaming needs. vLLM counts the
+    tokens it sends only in a usage chunk, which ``stream_options.include_usage`` asks for: the
+    accumulator checks it."""
     check_dialect(dialect)
     if dialect == VLLM and "token_ids" not in payload and ("input_ids" in payload or "text" in payload):
         given = "input_ids" if "input_ids" in payload else "text"
@@ -186,6 +187,8 @@ def _chunk_choice(index: int, obj: object) -> dict[str, Any] | None:
     choice = choices[0]
     if type(choice) is not dict:
         raise wrong_type(index, "choices[0]", "an object", choice)
+    if choice.get("index", 0) != 0:  # with n > 1 each chunk holds one choice, any of them
+        raise broken(index, "choices")
     return choice
 
 

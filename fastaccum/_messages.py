@@ -197,7 +197,7 @@ _RULES = {
     "echo_no_total": "abort echo without completion_tokens",
     "routed_no_prompt": "routed_experts without prompt_tokens cannot be checked against expert_shape",
     "no_choices": "choices is missing",
-    "choices": "a chunk with more than one choice is not one request (n > 1)",
+    "choices": "a chunk with more than one choice, or of a choice other than 0, is not one request (n > 1)",
     "indexer_no_prompt": "indexer_topk without prompt_tokens cannot be shaped (indexer_shape, indexer_topk_num_layers)",
 }
 

@@ -117,6 +117,11 @@ cdef const unsigned char* _scan_choice(const unsigned char* p, const unsigned ch
             p += 4
         elif key_is(key, key_len, b"text", 4):
             return NULL
+        elif key_is(key, key_len, b"index", 5):
+            # choice 0 only: with n > 1 each chunk holds one choice, any of them
+            if p[0] != 48 or end - p < 2 or (p[1] != 44 and p[1] != 125):
+                return NULL
+            p += 1
         else:
             p = skip_value(p, end, 3)
         if p == NULL or p >= end:

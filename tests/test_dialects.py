@@ -179,6 +179,15 @@ def test_a_bad_npy_is_refused_and_never_unpickled(impl: ModuleType, npy: str, wh
         _accumulate(impl, wire_vllm.stream_bytes(chunks), dialect="vllm")
 
 
+def test_a_chunk_of_another_choice_than_0_is_refused(impl: ModuleType) -> None:
+    # n > 1: each chunk holds one of the request's choices; their tokens must not be mixed
+    gen = synthetic_generation("r", 4)
+    chunks = list(wire_vllm.stream_chunks(gen))
+    chunks[2]["choices"][0]["index"] = 1
+    with pytest.raises(StreamFormatError, match="n > 1"):
+        _accumulate(impl, wire_vllm.stream_bytes(chunks), dialect="vllm")
+
+
 def test_arrays_outside_the_choice_are_not_vllms_and_are_ignored(impl: ModuleType) -> None:
     gen = synthetic_generation("r", 3)
     chunks = list(wire_vllm.stream_chunks(gen))
@@ -315,6 +324,8 @@ def test_the_compiled_scanner_reads_vllm_chunks_as_orjson_does(shape: str, outco
         b'"choices":[{"index":0,"token_ids":[1],"logprobs":{"content":[{"token":"token_id:01","logprob":-1}]}}]',
         b'"choices":[{"index":0,"token_ids":[1],"logprobs":{"content":[{"token":"token_id:\\u0031","logprob":-1}]}}]',
         b'"choices":[{"index":0,"token_ids":[1]},{"index":1,"token_ids":[1]}]',  # n > 1
+        b'"choices":[{"index":1,"token_ids":[1]}]',  # another choice
+        b'"choices":[{"index":0.0,"token_ids":[1]}]',
         b'"choices":[{"index":0,"token_ids":[]}]',  # no tokens
         b'"choices":[{"index":0,"token_ids":[1],"sampling_mask":[[1]]}]',
     ],
