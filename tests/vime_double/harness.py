@@ -1,10 +1,11 @@
 """Harness for the vime adapter tests: stubs, a vime loader, the vLLM server thread and the scenarios.
 
 Every scenario takes a ``VimeEnv`` (the double of ``tests/vime_double`` or a real vime tree from
-``FASTACCUM_VIME_PATH``) and drives ``fastaccum.vime`` against a vLLM-dialect server over loopback
-HTTP, so the same assertions run against both (tests/test_vime.py: the double, both vime lines;
-tests/test_vime_real.py: both). Loaded by file path and registered as ``fastaccum_vime_harness``
-so vime's ``load_function`` can reach the reward function below.
+``FASTACCUM_VIME_PATH``) and drives ``fastaccum.vime`` against fastaccum's emulator in its vLLM
+dialect (``Emulator(dialect="vllm")``, with what vime's loop needs around it: ``VimeEmulator``)
+over loopback HTTP, so the same assertions run against both (tests/test_vime.py: the double,
+both vime lines; tests/test_vime_real.py: both). Loaded by file path and registered as
+``fastaccum_vime_harness`` so vime's ``load_function`` can reach the reward function below.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import asyncio
 import contextlib
 import dataclasses
 import importlib
-import importlib.util
+import inspect
+import re
 import sys
 import threading
 import types
@@ -23,43 +25,46 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import orjson
 import pytest
+from aiohttp import web
 
 import fastaccum.vime as fv
+from fastaccum import wire
+from fastaccum.emulator import VLLM_ID_PREFIX, Emulator
 from fastaccum.vime import _generate, _modules
 
 DOUBLE_ROOT = str(Path(__file__).resolve().parent)
 PROMPT = "alpha beta gamma delta epsilon zeta eta theta"
 LINES = ("request-abort", "stock")
-
-
-def _load_server_module() -> Any:
-    name = "fastaccum_vime_server"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(DOUBLE_ROOT) / "vllm_server.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-vllm_server = _load_server_module()
+# The emulator draws token ids below wire.synthetic_generation's vocab (it passes none): the
+# tokenizer stand-in has exactly that vocabulary, its last 1000 ids "special".
+VOCAB: int = inspect.signature(wire.synthetic_generation).parameters["vocab"].default
+SPECIAL_FROM = VOCAB - 1000
 
 
 # ---- stubs ---------------------------------------------------------------------------------------
 class FakeTokenizer:
-    """One id per word; decode renders ids (``<id>``), skipping ids >= 150000 as "special" tokens
-    when asked, so the skip rule shows in assertions; counts decode calls."""
+    """A tokenizer of the emulator's vocabulary (``VOCAB`` ids): one id per word; decode renders
+    ids (``<id>``), refusing ids outside the vocabulary, skipping ids >= ``SPECIAL_FROM`` as
+    "special" tokens when asked, so the skip rule shows in assertions; counts decode calls."""
 
     decodes = 0
+    vocab_size = VOCAB
+
+    def __len__(self) -> int:
+        return VOCAB
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return [1000 + (sum(map(ord, word)) % 5000) for word in text.split()]
 
     def decode(self, ids: Any, skip_special_tokens: bool = False, **options: Any) -> str:
         FakeTokenizer.decodes += 1
-        return "".join(f"<{int(i)}>" for i in ids if not (skip_special_tokens and int(i) >= 150_000))
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < VOCAB]
+        if bad:
+            raise ValueError(f"token ids outside the vocabulary of {VOCAB}: {bad[:5]}")
+        return "".join(f"<{i}>" for i in ids if not (skip_special_tokens and i >= SPECIAL_FROM))
 
 
 TOKENIZER: Any = FakeTokenizer()  # what AutoTokenizer.from_pretrained returns (the benchmark sets a real one)
@@ -206,13 +211,113 @@ def vime_env(kind: str, root: str, line: str | None = None) -> Iterator[VimeEnv]
 
 
 # ---- the vLLM server on its own thread ---------------------------------------------------------
+GENERATE = "/inference/v1/generate"
+WEIGHT_VERSION = "w1"
+# A chunk with a choice (not the usage chunk, not an error): its closing brace, at the event's end.
+_CHOICE_EVENT = re.compile(rb'(data: \{[^\n]*"choices":\[\{[^\n]*)\}\n\n')
+
+
+class VimeEmulator(Emulator):
+    """``Emulator(dialect="vllm")`` plus what vime's loop reaches that the emulator does not serve,
+    added around its app (the emulator itself is not changed):
+
+    - ``GET /workers``: the emulator doubles as vime's router, one worker (itself);
+    - a top-level ``weight_version`` on every chunk with a choice, which vime's reader and
+      fastaccum.vime read into ``Sample.weight_versions`` (the emulator writes none);
+    - ``cancel_endpoint=False``: a vLLM without the RL dev API, both abort endpoints 404;
+    - ``holds[request_id] = s``: the request reaches the emulator ``s`` seconds late (queued
+      before the server: no token until then; its client leaving ends the wait);
+    - the bodies received: ``payloads``/``headers`` (generate), ``abort_bodies`` (the aborts served).
+    """
+
+    def __init__(self, *, cancel_endpoint: bool = True, **options: Any) -> None:
+        super().__init__(dialect="vllm", **options)
+        self.cancel_endpoint = cancel_endpoint
+        self.holds: dict[str, float] = {}
+        self.payloads: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self.abort_bodies: list[dict[str, Any]] = []
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def make_app(self) -> web.Application:
+        app = super().make_app()
+        app.middlewares.append(self._observe)
+        app.router.add_get("/workers", self._workers)
+        app.on_response_prepare.append(self._stamp_weight_version)
+        return app
+
+    async def _workers(self, request: web.Request) -> web.Response:
+        return web.json_response({"workers": [{"url": self.url}]})
+
+    @web.middleware
+    async def _observe(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.method == "POST":
+            try:  # read() keeps the bytes: the emulator's handler reads the same body
+                body = orjson.loads(await request.read() or b"{}")
+            except orjson.JSONDecodeError:
+                body = None
+            if request.path == GENERATE and isinstance(body, dict):
+                self.payloads.append(body)
+                self.headers.append(dict(request.headers))
+                hold = self.holds.get(str(body.get("request_id")))
+                if hold:
+                    await asyncio.sleep(hold)
+            elif request.path.endswith("/abort_requests"):
+                if not self.cancel_endpoint:
+                    return web.json_response({"detail": "Not Found"}, status=404)
+                self.abort_bodies.append(body if isinstance(body, dict) else {"invalid": True})
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    async def _stamp_weight_version(self, request: web.Request, response: web.StreamResponse) -> None:
+        if request.path != GENERATE:
+            return
+        write = response.write
+
+        async def stamped(data: Any) -> None:
+            await write(
+                _CHOICE_EVENT.sub(rb'\1,"weight_version":"' + WEIGHT_VERSION.encode() + rb'"}\n\n', bytes(data))
+            )
+
+        response.write = stamped  # type: ignore[method-assign]
+
+    # ---- what the scenarios read (request ids as the client gave them) -------------------------
+    def written(self, rid: str) -> int:
+        """Tokens of the client's request ``rid`` whose write returned (the emulator keys vLLM's id)."""
+        return self.stats.written.get(VLLM_ID_PREFIX + rid, 0)
+
+    @property
+    def requests(self) -> int:
+        """Generate requests received (served or not)."""
+        return self.stats.calls.get(GENERATE, 0)
+
+    def abort_now(self, rid: str) -> int:
+        """A server-side abort of the client's request ``rid`` (``Emulator.abort``, on its loop)."""
+        assert self.loop is not None
+
+        async def abort() -> int:
+            return self.abort(VLLM_ID_PREFIX + rid)
+
+        return asyncio.run_coroutine_threadsafe(abort(), self.loop).result(5)
+
+    def stop_tokens(self, plans: dict[str, int], others: dict[str, int]) -> list[int]:
+        """``stop_token_ids`` that end each planned request at its k-th token (vLLM keeps the stop
+        token) and never sooner, and leave the first n tokens of every other request alone."""
+        stops = {rid: self.expected(rid, k).token_ids[k - 1] for rid, k in plans.items()}
+        for rid, k in {**plans, **others}.items():
+            seen = self.expected(rid, k).token_ids[: k - 1 if rid in plans else k]
+            assert not set(seen) & set(stops.values()), (rid, "hits a stop token early: pick another seed")
+        return list(stops.values())
+
+
 @contextlib.contextmanager
-def server_thread(**options: Any) -> Iterator[Any]:
-    """A vLLM-dialect server (tests/vime_double/vllm_server.py) on a loop of its own."""
+def server_thread(**options: Any) -> Iterator[VimeEmulator]:
+    """``VimeEmulator`` (the emulator's vLLM dialect) on a loop of its own."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True, name="vllm-server")
     thread.start()
-    server = vllm_server.VllmDouble(**options)
+    server = VimeEmulator(**options)
+    server.loop = loop
     asyncio.run_coroutine_threadsafe(server.start(), loop).result(10)
     try:
         yield server
@@ -358,6 +463,7 @@ def generate_and_rm(env: VimeEnv, args: Any, sample: Any) -> Any:
 def assert_call(sample: Any, server: Any, rid: str, start: int, n: int, prompt_tokens: int) -> None:
     """Response positions [start, start + n) are exactly ``rid``'s first n tokens (no duplicates)."""
     gen = server.expected(rid, n, prompt_tokens=prompt_tokens)
+    assert server.written(rid) >= n  # the emulator wrote them to this request
     base = len(prompt_ids())
     assert sample.tokens[base + start : base + start + n] == list(gen.token_ids)
     assert sample.rollout_log_probs[start : start + n] == [float(x) for x in gen.logprobs]
@@ -368,8 +474,14 @@ def scenario_complete(env: VimeEnv, skip_special_tokens: bool) -> None:
     """A finished call: tokens, log-probs, text decoded once with vime's skip rule, loss mask,
     weight version, usage and status, from one request with vime's request body."""
     with server_thread() as srv, wired(env):
-        args = make_args(env, srv, rollout_max_response_len=30, rollout_skip_special_tokens=skip_special_tokens)
-        srv.plans["s001a00"] = {"stop_at": 7}
+        stops = srv.stop_tokens({"s001a00": 7}, {"s000a00": 30})
+        args = make_args(
+            env,
+            srv,
+            rollout_max_response_len=30,
+            rollout_skip_special_tokens=skip_special_tokens,
+            rollout_stop_token_ids=stops,
+        )
 
         async def main() -> tuple[Any, Any]:
             truncated = await fv.generate(args, new_sample(env, 0), sampling_params(env, args))
@@ -381,6 +493,7 @@ def scenario_complete(env: VimeEnv, skip_special_tokens: bool) -> None:
         assert FakeTokenizer.decodes == before + 2  # once per call, never per chunk
         gen = srv.expected("s000a00", 30, prompt_tokens=len(prompt_ids()))
         assert truncated.tokens == prompt_ids() + list(gen.token_ids)
+        assert stopped.tokens == prompt_ids() + list(srv.expected("s001a00", 7).token_ids)
         assert all(type(t) is int for t in truncated.tokens)
         assert truncated.rollout_log_probs == [float(x) for x in gen.logprobs]
         assert truncated.response == FakeTokenizer().decode(gen.token_ids, skip_special_tokens=skip_special_tokens)
@@ -391,12 +504,14 @@ def scenario_complete(env: VimeEnv, skip_special_tokens: bool) -> None:
         assert stopped.status == env.Sample.Status.COMPLETED and stopped.response_length == 7
         (timing,) = truncated.metadata["fastaccum_timing"]
         assert timing["tokens"] == 30
-        body = srv.stats.payloads[0]
+        body = srv.payloads[0]
         assert body["token_ids"] == prompt_ids() and body["model"] == "fake-model"
         assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
         assert body["request_id"] == "s000a00"
         assert body["sampling_params"]["max_tokens"] == 30 and body["sampling_params"]["logprobs"] == 1
         assert body["sampling_params"]["skip_special_tokens"] is skip_special_tokens
+        assert body["sampling_params"]["stop_token_ids"] == stops
+        assert srv.stats.completed == 2 and srv.stats.disconnects == 0 and srv.running == 0
 
 
 def scenario_rollout_abort_and_resume(env: VimeEnv, cancel_endpoint: bool) -> None:
@@ -406,6 +521,8 @@ def scenario_rollout_abort_and_resume(env: VimeEnv, cancel_endpoint: bool) -> No
     vime's ``abort`` restored when the rollout returns; the resume continues without duplicates,
     with max_tokens reduced by what was kept."""
     with server_thread(token_rate=400, cancel_endpoint=cancel_endpoint) as srv, wired(env):
+        # One stop list for both rollouts (vime's GenerateState keeps its sampling params).
+        stops = srv.stop_tokens({"s000a00": 60, "s001a00": 80, "s002a00": 2, "s003a01": 5}, {"s003a00": 2000})
         args = make_args(
             env,
             srv,
@@ -413,9 +530,9 @@ def scenario_rollout_abort_and_resume(env: VimeEnv, cancel_endpoint: bool) -> No
             partial_rollout=True,
             n_samples_per_prompt=2,
             over_sampling_batch_size=3,
+            rollout_stop_token_ids=stops,
         )
-        srv.plans.update({"s000a00": {"stop_at": 60}, "s001a00": {"stop_at": 80}, "s002a00": {"stop_at": 2}})
-        srv.plans.update({"s004a00": {"wait": 30}, "s005a00": {"wait": 30}})
+        srv.holds.update({"s004a00": 30, "s005a00": 30})
         source = BufferedPrompts(env, args)
         stock_abort = env.rollout.abort
         out = fv.generate_rollout(args, 0, source)
@@ -430,25 +547,27 @@ def scenario_rollout_abort_and_resume(env: VimeEnv, cancel_endpoint: bool) -> No
         assert REWARDS[2] == 1 and sibling.reward == 2.0
         k = cut.response_length
         assert cut.status == env.Sample.Status.ABORTED and cut.reward is None
-        assert 0 < k <= srv.stats.written["s003a00"], (k, srv.stats.written)
+        assert 0 < k <= srv.written("s003a00"), (k, srv.stats.written)
         assert_call(cut, srv, "s003a00", 0, k, len(prompt_ids()))
         assert cut.response == FakeTokenizer().decode(cut.tokens[len(prompt_ids()) :])
         assert len(cut.loss_mask) == len(cut.rollout_log_probs) == k
         assert cut.metadata["start_rollout_id"] == 0 and cut.weight_versions == ["w1"]
         assert all(s.status == env.Sample.Status.ABORTED and s.response_length == 0 for s in third)
-        assert {} not in srv.stats.abort_bodies  # never server-wide
-        named = [rid for body in srv.stats.abort_bodies for rid in body["request_ids"]]
+        assert {} not in srv.abort_bodies and srv.stats.aborted == 0  # never server-wide
+        # The cut request ended by its client leaving (the named abort below comes after it).
+        assert VLLM_ID_PREFIX + "s003a00" in srv.stats.disconnected_rids
+        assert not any(srv.written(rid) for rid in ("s004a00", "s005a00"))  # held: no token
+        named = [rid for body in srv.abort_bodies for rid in body["request_ids"]]
         if cancel_endpoint:  # probed once with an unknown id, then the cut ids named
             assert named[0].startswith("fastaccum-probe-") and "s003a00" in named[1:]
-        else:
-            assert named == []
+        else:  # probed once (404), then left to the disconnect
+            assert named == [] and srv.stats.calls.get("/abort_requests") == 1, srv.stats.calls
 
-        srv.plans["s003a01"] = {"stop_at": 5}
         args.over_sampling_batch_size = 1
         out = fv.generate_rollout(args, 1, source)
         assert out.samples == [second] and srv.running == 0
         assert sibling.status == env.Sample.Status.COMPLETED and REWARDS[2] == 1  # not generated again
-        body = srv.stats.payloads[-1]
+        body = srv.payloads[-1]
         assert body["request_id"] == "s003a01" and body["token_ids"] == cut.tokens[: len(prompt_ids()) + k]
         assert body["sampling_params"]["max_tokens"] == 2000 - k
         assert cut.status == env.Sample.Status.COMPLETED and cut.response_length == k + 5
@@ -460,7 +579,7 @@ def scenario_rollout_abort_and_resume(env: VimeEnv, cancel_endpoint: bool) -> No
 
 async def _started(srv: Any, coro: Any, rid: str, tokens: int) -> asyncio.Task:
     task = asyncio.get_running_loop().create_task(coro)
-    await wait_until(lambda: srv.stats.written.get(rid, 0) >= tokens)
+    await wait_until(lambda: srv.written(rid) >= tokens)
     await asyncio.sleep(0.15)  # past the client's read window: the client holds some tokens
     return task
 
@@ -469,18 +588,15 @@ def scenario_server_abort_outside_rollout_abort(env: VimeEnv, shape: str) -> Non
     """The server aborts a running request while no rollout abort runs. vLLM 0.32 on ends it
     with finish_reason "abort": committed ABORTED with its prefix. Before 0.32 the stream ends
     with [DONE] and no finish_reason: the call fails with nothing committed, never complete."""
-    import aiohttp
-
     from fastaccum.errors import StreamTruncatedError
 
-    with server_thread(token_rate=400, shape=shape) as srv, wired(env):
+    with server_thread(token_rate=400, vllm_shape=shape) as srv, wired(env):
         args = make_args(env, srv, rollout_max_response_len=2000)
         sample = new_sample(env)
 
         async def main() -> None:
             task = await _started(srv, generate_and_rm(env, args, sample), "s000a00", 5)
-            async with aiohttp.ClientSession() as session:
-                await session.post(srv.url + "/abort_requests", json={})
+            assert srv.abort_now("s000a00") == 1
             if shape == "0.31":
                 with pytest.raises(StreamTruncatedError, match="vLLM before 0.32"):
                     await task
@@ -493,18 +609,21 @@ def scenario_server_abort_outside_rollout_abort(env: VimeEnv, shape: str) -> Non
             assert sample.tokens == prompt_ids() and sample.loss_mask is None
         else:
             k = sample.response_length
-            assert sample.status == env.Sample.Status.ABORTED and k == srv.stats.written["s000a00"] > 0
+            assert sample.status == env.Sample.Status.ABORTED and k == srv.written("s000a00") > 0
             assert_call(sample, srv, "s000a00", 0, k, len(prompt_ids()))
             assert sample.reward is None and sample.weight_versions == ["w1"]
+        # The server ended it (no disconnect), and nothing asked it to.
+        assert srv.stats.aborted == 1 and srv.stats.disconnects == 0 and srv.abort_bodies == []
+        assert srv.running == 0
 
 
 def scenario_routed_experts(env: VimeEnv) -> None:
     """The finishing chunk's .npy routed experts become vime's int32 tensor of
     (len(tokens) - 1, layers, topk); a resume replaces them with the whole sequence's."""
-    with server_thread(routed_experts=True, stream_interval=5, num_experts=300) as srv, wired(env):
+    with server_thread(enable_return_routed_experts=True, stream_interval=5, num_experts=300) as srv, wired(env):
         args = make_args(env, srv, use_rollout_routing_replay=True, rollout_max_response_len=30)
         sample = env.run(fv.generate(args, new_sample(env), sampling_params(env, args)))
-        gen = srv.expected("s000a00", 30, prompt_tokens=len(prompt_ids()), routed=True)
+        gen = srv.expected("s000a00", 30, prompt_tokens=len(prompt_ids()), routed_experts=True)
         experts = sample.rollout_routed_experts
         assert experts.dtype == __import__("torch").int32
         assert tuple(experts.shape) == (len(sample.tokens) - 1, *srv.expert_shape)
@@ -513,7 +632,7 @@ def scenario_routed_experts(env: VimeEnv) -> None:
         params = sampling_params(env, args)
         params["max_new_tokens"] = 40
         env.run(fv.generate(args, sample, params))
-        gen = srv.expected("s000a01", 10, prompt_tokens=len(prompt_ids()) + 30, routed=True)
+        gen = srv.expected("s000a01", 10, prompt_tokens=len(prompt_ids()) + 30, routed_experts=True)
         assert tuple(sample.rollout_routed_experts.shape) == (len(prompt_ids()) + 39, *srv.expert_shape)
         assert (sample.rollout_routed_experts.numpy() == gen.routed_experts).all()
 
@@ -521,17 +640,18 @@ def scenario_routed_experts(env: VimeEnv) -> None:
 def scenario_sampling_mask(env: VimeEnv) -> None:
     """vLLM's per-chunk sampling_mask becomes vime's top-p CSR (int32 ids and offsets): for a
     finished call, and for a cut prefix (a row for every token kept, as the rows came)."""
-    with server_thread(sampling_mask=True, stream_interval=3, token_rate=400) as srv, wired(env):
-        args = make_args(env, srv, rollout_top_p=0.9, rollout_max_response_len=30)
+    # vLLM replays the sampling distribution only for temperature > 0 and top_k > 0.
+    with server_thread(return_sampling_mask=True, stream_interval=3, token_rate=400) as srv, wired(env):
+        args = make_args(env, srv, rollout_top_p=0.9, rollout_top_k=50, rollout_max_response_len=30)
         sample = env.run(fv.generate(args, new_sample(env), sampling_params(env, args)))
-        rows = srv.expected("s000a00", 30, prompt_tokens=len(prompt_ids())).top_p_rows
+        rows = srv.expected("s000a00", 30, prompt_tokens=len(prompt_ids()), top_p=True).top_p_rows
         ids, offsets = sample.rollout_top_p_token_ids, sample.rollout_top_p_token_offsets
         assert ids.dtype == offsets.dtype == __import__("torch").int32
         assert offsets.tolist() == [sum(len(r) for r in rows[:i]) for i in range(31)]
         assert ids.tolist() == [t for row in rows for t in row]
 
         env.reset()  # a new GenerateState for the new budget
-        args = make_args(env, srv, rollout_top_p=0.9, rollout_max_response_len=2000)
+        args = make_args(env, srv, rollout_top_p=0.9, rollout_top_k=50, rollout_max_response_len=2000)
         cut = new_sample(env, 1)
 
         async def main() -> None:
@@ -542,7 +662,7 @@ def scenario_sampling_mask(env: VimeEnv) -> None:
         env.run(main())
         k = cut.response_length
         assert cut.status == env.Sample.Status.ABORTED and k > 0
-        rows = srv.expected("s001a00", k, prompt_tokens=len(prompt_ids())).top_p_rows
+        rows = srv.expected("s001a00", k, prompt_tokens=len(prompt_ids()), top_p=True).top_p_rows
         assert cut.rollout_top_p_token_offsets.tolist() == [sum(len(r) for r in rows[:i]) for i in range(k + 1)]
         assert cut.rollout_top_p_token_ids.tolist() == [t for row in rows for t in row]
         assert srv.running == 0
@@ -566,7 +686,7 @@ def scenario_unrelated_cancellation_propagates(env: VimeEnv) -> None:
             task = asyncio.get_running_loop().create_task(fv.generate(args, other, sampling_params(env, args)))
             if env.line == "request-abort":
                 state.cancellable_tasks.add(task)  # as vime's wrapper does
-            await wait_until(lambda: srv.stats.written.get("s001a00", 0) >= 5)
+            await wait_until(lambda: srv.written("s001a00") >= 5)
             if env.line == "request-abort":  # what vime's abort() does to a registered task
                 state.aborted = True
                 state.cancellable_tasks.discard(task)
@@ -592,10 +712,10 @@ def scenario_budget_and_headers(env: VimeEnv) -> None:
         sample = new_sample(env)
         sample.session_id = "session-1"
         env.run(fv.generate(args, sample, sampling_params(env, args)))
-        assert srv.stats.headers[0]["x-session-id"] == "session-1"
+        assert srv.headers[0]["x-session-id"] == "session-1"
         sample.status = env.Sample.Status.ABORTED
         env.run(fv.generate(args, sample, sampling_params(env, args)))
-        assert sample.status == env.Sample.Status.TRUNCATED and srv.stats.requests == 1
+        assert sample.status == env.Sample.Status.TRUNCATED and srv.requests == 1
         sample.status = env.Sample.Status.ABORTED
         params = sampling_params(env, args)
         params["max_new_tokens"] = 2
@@ -605,7 +725,7 @@ def scenario_budget_and_headers(env: VimeEnv) -> None:
             bad = make_args(env, srv, **{key: value})
             with pytest.raises(ValueError, match=key):
                 env.run(fv.generate(bad, new_sample(env, 2), sampling_params(env, bad)))
-        assert srv.stats.requests == 1
+        assert srv.requests == 1
 
 
 def scenario_register_then_check(env: VimeEnv) -> None:
@@ -615,7 +735,7 @@ def scenario_register_then_check(env: VimeEnv) -> None:
         env.rollout.GenerateState(args).aborted = True
         sample = env.run(fv.generate(args, new_sample(env), sampling_params(env, args)))
         assert sample.status == env.Sample.Status.ABORTED and sample.response_length == 0
-        assert srv.stats.requests == 0
+        assert srv.requests == 0
 
 
 SCENARIOS: list[tuple[Any, dict[str, Any]]] = [
@@ -670,13 +790,23 @@ def comparable(sample: Any) -> dict[str, Any]:
 def scenario_in_tree_same_results(env: VimeEnv, stop: bool) -> None:
     """On the same vLLM stream (routed experts, sampling mask, interval 3), vime's
     generate_streaming and fastaccum.vime.generate commit the same sample."""
-    options = {"routed_experts": True, "sampling_mask": True, "stream_interval": 3, "key_by_prompt": True}
+    options = {"enable_return_routed_experts": True, "return_sampling_mask": True, "stream_interval": 3}
     with server_thread(**options) as srv, wired(env):
-        args = make_args(env, srv, rollout_max_response_len=50, rollout_top_p=0.9, use_rollout_routing_replay=True)
-        if stop:
-            srv.plans[srv.key_of({"token_ids": prompt_ids()})] = {"stop_at": 17}
+        stops = srv.stop_tokens({"s000a00": 17}, {}) if stop else None
+        args = make_args(
+            env,
+            srv,
+            rollout_max_response_len=50,
+            rollout_top_p=0.9,
+            rollout_top_k=50,
+            use_rollout_routing_replay=True,
+            rollout_stop_token_ids=stops,
+        )
+        # vime's reader sends no request_id: its X-Request-Id names it as ours is (the same stream).
+        env.http_utils._http_client.headers["X-Request-Id"] = "s000a00"
         ours = env.run(fv.generate(args, new_sample(env, 0), sampling_params(env, args)))
         theirs = env.run(_in_tree(env)(args, new_sample(env, 0), sampling_params(env, args)))
+        assert "request_id" not in srv.payloads[1] and srv.stats.completed == 2
         assert theirs.loss_mask is None  # vime's streaming reader never sets it on a fresh sample
         assert comparable(ours) == comparable(theirs)
         assert ours.response_length == (17 if stop else 50)
@@ -688,18 +818,15 @@ def scenario_in_tree_server_abort_before_0_32(env: VimeEnv) -> None:
     raises with the sample untouched."""
     from fastaccum.errors import StreamTruncatedError
 
-    with server_thread(token_rate=400, shape="0.31", key_by_prompt=True) as srv, wired(env):
+    with server_thread(token_rate=400, vllm_shape="0.31") as srv, wired(env):
         args = make_args(env, srv, rollout_max_response_len=2000)
-        key = srv.key_of({"token_ids": prompt_ids()})
+        env.http_utils._http_client.headers["X-Request-Id"] = "vime-reader"  # its request, named
 
-        async def run(generate: Any, sample: Any) -> BaseException:
-            import aiohttp
-
+        async def run(generate: Any, sample: Any, rid: str) -> BaseException:
             task = asyncio.get_running_loop().create_task(generate(args, sample, sampling_params(env, args)))
-            await wait_until(lambda: srv.stats.written.get(key, 0) >= 5)
+            await wait_until(lambda: srv.written(rid) >= 5)
             await asyncio.sleep(0.15)
-            async with aiohttp.ClientSession() as session:
-                await session.post(srv.url + "/abort_requests", json={})
+            assert srv.abort_now(rid) == 1
             try:
                 await task
             except Exception as exc:
@@ -707,8 +834,8 @@ def scenario_in_tree_server_abort_before_0_32(env: VimeEnv) -> None:
             raise AssertionError("the call returned")
 
         ours, theirs = new_sample(env, 0), new_sample(env, 1)
-        assert isinstance(env.run(run(fv.generate, ours)), StreamTruncatedError)
-        assert "without a terminal finish_reason" in str(env.run(run(_in_tree(env), theirs)))
+        assert isinstance(env.run(run(fv.generate, ours, "s000a00")), StreamTruncatedError)
+        assert "without a terminal finish_reason" in str(env.run(run(_in_tree(env), theirs, "vime-reader")))
         assert ours.response_length == 0 and ours.status == env.Sample.Status.PENDING
         assert theirs.response_length > 0 and theirs.status == env.Sample.Status.PENDING  # half-written
 
