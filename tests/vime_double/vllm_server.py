@@ -1,5 +1,7 @@
-"""A vLLM ``/inference/v1/generate`` server double for the vime adapter tests, until fastaccum's
-emulator speaks vLLM (``Emulator(dialect="vllm")``); its chunks come from ``fastaccum.wire_vllm``.
+"""A vLLM ``/inference/v1/generate`` server double for benchmarks/vime_streaming.py (the tests run
+against ``Emulator(dialect="vllm")``, tests/vime_double/harness.py), kept because the benchmark
+draws token ids below a trained tokenizer's size (``vocab``), which the emulator cannot; its
+chunks come from ``fastaccum.wire_vllm``.
 
 It doubles as vime's router (``GET /workers`` lists itself) and serves what vime's server control
 reads: ``GET /load`` (``{"server_load": n}``), ``GET /health`` and, with ``cancel_endpoint``,
