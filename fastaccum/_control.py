@@ -26,7 +26,7 @@ import orjson
 from fastaccum._http import header_lines, status_error
 from fastaccum.errors import ServerError, StreamConnectionError
 
-__all__ = ("PARALLEL", "AbortSender", "VllmAbortSender", "Drain", "worker_urls")
+__all__ = ("PARALLEL", "AbortSender", "VllmAbortSender", "Drain", "worker_urls", "vllm_ids")
 
 # Connections per server for one batch of aborts.
 PARALLEL = 4
@@ -240,7 +240,7 @@ class VllmAbortSender(AbortSender):
     async def _send(self, batch: dict[str, Callable[[BaseException], None]]) -> None:
         try:
             for path in self._paths:
-                request = self._base.request("POST", path, {"request_ids": _vllm_ids(batch)})
+                request = self._base.request("POST", path, {"request_ids": vllm_ids(batch)})
                 (reply,) = await self._base.exchange([request])
                 self.sent += 1
                 if reply.status not in (404, 405):
@@ -260,7 +260,7 @@ class VllmAbortSender(AbortSender):
                 failed(exc)
 
 
-def _vllm_ids(rids: Iterable[str]) -> list[str]:
+def vllm_ids(rids: Iterable[str]) -> list[str]:
     """The ids vLLM's abort knows a request by: its generate handler runs it as
     ``generate-tokens-<request_id>``, the id its chunks carry; the bare id too, for servers that
     keep it (an id nothing runs under is ignored)."""

@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 
+from fastaccum._control import vllm_ids
 from fastaccum.vime._generate import has_in_tree_request_abort
 from fastaccum.vime._modules import modules
 from fastaccum.vime._pools import CONTROL_TIMEOUT, registry, session
@@ -154,7 +155,7 @@ async def _cancel_cut_requests(args: Any, settings: Settings) -> None:
         if url not in state.cancel_endpoint:
             state.cancel_endpoint[url] = await _post_ok(http, url, [f"fastaccum-probe-{uuid.uuid4().hex}"])
         if state.cancel_endpoint[url]:
-            await _post_ok(http, url, rids)
+            await _post_ok(http, url, vllm_ids(rids))
 
 
 async def _post_ok(http: aiohttp.ClientSession, url: str, rids: list[str]) -> bool:
