@@ -44,6 +44,7 @@ __all__ = (
     "TOKEN_IDS",
     "read_chunk",
     "chunk_meta",
+    "chunk_fields",
     "chunk_counts",
     "chunk_text",
     "read_chunk_logprobs",
@@ -190,6 +191,26 @@ def _chunk_choice(index: int, obj: object) -> dict[str, Any] | None:
     if choice.get("index", 0) != 0:  # with n > 1 each chunk holds one choice, any of them
         raise broken(index, "choices")
     return choice
+
+
+def chunk_fields(
+    index: int, parsed: ParsedEvent, *, held: int, had_logprobs: bool | None
+) -> tuple[Any, list[int] | None, list[float] | None, int, int, str | None]:
+    """What a chunk's ``Event`` holds: (token_ids, for the twin's field reader to check as
+    ``TOKEN_IDS``; the logprobs' ids and values, or None; completion_tokens; prompt_tokens; text).
+    A chunk without tokens (the abort chunk, the usage chunk) carries no logprobs: it keeps the
+    stream's choice (``had_logprobs``), so neither it nor the next chunk reads as a switch."""
+    choice = parsed.obj
+    token_ids = choice.get("token_ids")
+    if token_ids is None:
+        token_ids = []
+    read = read_chunk_logprobs(index, choice.get("logprobs"))
+    if read is None and not token_ids and had_logprobs:
+        read = [], []
+    ids, logprobs = read if read is not None else (None, None)
+    listed = len(token_ids) if type(token_ids) is list else 0
+    completion, prompt = chunk_counts(index, parsed, held=held, listed=listed)
+    return token_ids, ids, logprobs, completion, prompt, chunk_text(index, choice)
 
 
 def chunk_text(index: int, choice: dict[str, Any]) -> str | None:

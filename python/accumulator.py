@@ -14,14 +14,7 @@ from typing import Any
 import numpy as np
 
 from fastaccum._base import AccumulatorBase
-from fastaccum._dialects import (
-    TOKEN_IDS,
-    VLLM,
-    chunk_counts,
-    chunk_text,
-    read_chunk,
-    read_chunk_logprobs,
-)
+from fastaccum._dialects import TOKEN_IDS, VLLM, chunk_fields, read_chunk
 from fastaccum._messages import broken, changed_token
 from fastaccum._policy import (
     ABSENT,
@@ -176,18 +169,11 @@ class StreamAccumulator(AccumulatorBase):
     ) -> tuple[Event, ParsedEvent]:
         """A vLLM chunk read into the Event record SGLang's events fill (fastaccum._dialects)."""
         parsed = read_chunk(index, data, json_bytes, spans, None, self._meta, finished=self._finish_reason is not None)
-        choice = parsed.obj
-        token_ids = choice.get("token_ids")
-        output_ids = read_id_list(index, TOKEN_IDS, token_ids) if token_ids is not None else []
-        logprob_ids = logprobs = None
-        read = read_chunk_logprobs(index, choice.get("logprobs"))
-        if read is not None:
-            logprob_ids, logprobs = read
-        elif not output_ids and self._has_logprobs:
-            logprob_ids, logprobs = [], []  # a chunk without tokens (abort, usage) has no logprobs to carry
+        token_ids, logprob_ids, logprobs, completion, prompt, text = chunk_fields(
+            index, parsed, held=self._ids.size, had_logprobs=self._has_logprobs
+        )
+        output_ids = read_id_list(index, TOKEN_IDS, token_ids)
         check_logprobs(index, self._has_logprobs, logprob_ids is not None)
-        completion, prompt = chunk_counts(index, parsed, held=self._ids.size, listed=len(output_ids))
-        text = chunk_text(index, choice)
         return Event(index, output_ids, logprob_ids, logprobs, completion, ABSENT, prompt, text), parsed
 
     def _commit(self, event: Event, parsed: ParsedEvent, *, light_checked: bool) -> None:

@@ -27,7 +27,7 @@ from fastaccum._cy.stream cimport SpanScan, simd_decoder
 import orjson
 
 from fastaccum._base import AccumulatorBase
-from fastaccum._dialects import TOKEN_IDS, chunk_counts, chunk_meta, chunk_text, read_chunk, read_chunk_logprobs
+from fastaccum._dialects import TOKEN_IDS, chunk_fields, chunk_meta, read_chunk
 from fastaccum._messages import broken, changed_token
 from fastaccum._policy import (
     ABSENT,
@@ -297,27 +297,20 @@ cdef class _Core(EventSink):
                             self._meta_dict(), finished=self._finish_reason is not None)
         if not parsed.spans:
             streamed = None  # parsed whole, from the original bytes
-        choice = parsed.obj
-        token_ids = choice.get("token_ids")
+        token_ids, logprob_ids, logprobs, event.completion_tokens, event.prompt_tokens, text = chunk_fields(
+            index, parsed, held=self._ids.size, had_logprobs=self._has_logprobs
+        )
         event.event_index = index
         event.has_output_ids = True
-        if token_ids is not None:
-            read_id_list(index, TOKEN_IDS, token_ids, self._out_ids)
-        else:
-            self._out_ids.size = 0
-        read = read_chunk_logprobs(index, choice.get("logprobs"))
-        # A chunk without tokens (abort, usage) has no logprobs to carry.
-        event.has_logprobs = read is not None or (self._out_ids.size == 0 and self._has_logprobs is True)
+        read_id_list(index, TOKEN_IDS, token_ids, self._out_ids)
+        event.has_logprobs = logprob_ids is not None
         self._lp_ids.size = self._lp_values.size = 0
-        if read is not None:
-            read_id_list(index, TOKEN_IDS, read[0], self._lp_ids)
-            _fill_float64(self._lp_values, read[1])
+        if event.has_logprobs:
+            read_id_list(index, TOKEN_IDS, logprob_ids, self._lp_ids)
+            _fill_float64(self._lp_values, logprobs)
         check_logprobs(index, self._has_logprobs, event.has_logprobs)
-        event.completion_tokens, event.prompt_tokens = chunk_counts(
-            index, parsed, held=self._ids.size, listed=self._out_ids.size
-        )
         event.logprobs_length = ABSENT
-        return self._commit(&event, parsed, chunk_text(index, choice), streamed, light_checked)
+        return self._commit(&event, parsed, text, streamed, light_checked)
 
     cdef int _apply_scanned(self, Event* event, bint light_checked, bint in_piece) except -1:
         """The rest of _apply for an event the scanner read (no finish_reason, no base64 arrays);
