@@ -162,7 +162,15 @@ def extensions() -> list[Extension]:
 setup(
     # The twins live in python/ and src_cython/ (the checkout links them as fastaccum/_py and
     # fastaccum/_cy for editors and type checkers); only their Python files and the stub ship.
-    packages=["fastaccum", "fastaccum.cli", "fastaccum.emulator", "fastaccum.slime", "fastaccum._py", "fastaccum._cy"],
+    packages=[
+        "fastaccum",
+        "fastaccum.cli",
+        "fastaccum.emulator",
+        "fastaccum.slime",
+        "fastaccum.vime",
+        "fastaccum._py",
+        "fastaccum._cy",
+    ],
     package_dir={"fastaccum": "fastaccum", "fastaccum._py": "python", "fastaccum._cy": "src_cython"},
     package_data={"fastaccum": ["py.typed"], "fastaccum._cy": ["__init__.pyi"]},
     include_package_data=False,

@@ -76,3 +76,10 @@ def test_no_module_is_over_600_lines(folder: str) -> None:
         if path.suffix in (".py", ".pyx") and (lines := len(path.read_text(encoding="utf-8").splitlines())) > 600
     }
     assert not long, long
+
+
+def test_every_package_is_shipped() -> None:
+    """setup.py lists the packages a wheel holds: each folder of fastaccum/ with an __init__.py."""
+    listed = set(re.findall(r'"(fastaccum(?:\.\w+)?)"', (ROOT / "setup.py").read_text()))
+    packages = {"fastaccum"} | {f"fastaccum.{path.parent.name}" for path in (ROOT / "fastaccum").glob("*/__init__.py")}
+    assert packages <= listed, f"setup.py does not ship {sorted(packages - listed)}"
