@@ -64,6 +64,7 @@ class AccumulatorBase:
     _expert_shape: tuple[int, int] | None
     _indexer_shape: tuple[int, int] | None
     _routed_start: int
+    _routed_dtype: str | None  # "int32": vLLM's narrower routed experts widened
     _ids: _Buffer  # int32 token ids
     _logprobs: _Buffer  # float64
     _has_logprobs: bool | None
@@ -88,10 +89,14 @@ class AccumulatorBase:
         indexer_shape: tuple[int, int] | None = None,
         routed_start: int = 0,
         dialect: str = "sglang",
+        routed_dtype: str | None = None,
     ) -> None:
         # The modes and dialects are MODES' and DIALECTS' own str objects: the compiled twin
         # compares them by identity.
-        self._mode = check_options(mode, expert_shape, max_event_bytes, indexer_shape, routed_start, dialect)
+        self._mode = check_options(
+            mode, expert_shape, max_event_bytes, indexer_shape, routed_start, dialect, routed_dtype
+        )
+        self._routed_dtype = routed_dtype
         self._dialect = DIALECTS[DIALECTS.index(dialect)]
         self._expert_shape = expert_shape
         self._indexer_shape = indexer_shape
@@ -139,6 +144,7 @@ class AccumulatorBase:
                 rows_held=self._top_p_rows,
                 expert_shape=self._expert_shape,
                 streamed=streamed,
+                widen=self._routed_dtype is not None,
             )
         return read_arrays(
             parsed,
@@ -271,6 +277,7 @@ STATE_WRITTEN: tuple[str, ...] = (
     "_expert_shape",
     "_indexer_shape",
     "_routed_start",
+    "_routed_dtype",
     "_text_parts",
     "_top_p",
     "_top_p_rows",

@@ -251,11 +251,12 @@ def chunk_arrays(
     rows_held: int | None,
     expert_shape: tuple[int, int] | None,
     streamed: Mapping[str, Any] | None = None,
+    widen: bool = False,
 ) -> tuple[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], bool] | None, dict[str, npt.NDArray[Any]] | None]:
     """A chunk's sampling mask as top-p rows (read_top_p's answer: one row of kept token ids per
     token, the rows of this chunk's tokens) and its routed experts (``{"routed_experts": array}``,
-    the ``.npy`` decoded by ``npy_array``); None for what it does not carry. ``streamed``: as
-    fastaccum._policy.read_arrays."""
+    the ``.npy`` decoded by ``npy_array``, in its wire dtype or, ``widen``, as int32); None for what
+    it does not carry. ``streamed``: as fastaccum._policy.read_arrays."""
     meta = parsed.meta if parsed is not None else {}
     top_p = None
     mask = meta.get("sampling_mask")
@@ -278,7 +279,8 @@ def chunk_arrays(
         else:
             span = parsed.spans.get("routed_experts")
             raw = decode_b64(index, "routed_experts", value, parsed.data, span, "choices[0].")
-        replay = {"routed_experts": npy_array(index, mode, raw, expert_shape)}
+        experts = npy_array(index, mode, raw, expert_shape)
+        replay = {"routed_experts": experts.astype(np.int32, copy=False) if widen else experts}
     return top_p, replay
 
 

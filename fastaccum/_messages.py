@@ -382,6 +382,7 @@ def bad_option(name: str, value: object, dialect: str | None = None) -> ValueErr
         "routed_start": "a non-negative int",
         "max_event_bytes": "a non-negative int or None",
         "dialect": "'sglang', 'dynamo' or 'vllm'",
+        "routed_dtype": "None (the wire's) or 'int32'",
     }[name]
     return ValueError(f"{name} must be {domain}, not {value!r}")
 

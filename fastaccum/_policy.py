@@ -129,6 +129,7 @@ def check_options(
     indexer_shape: object = None,
     routed_start: object = 0,
     dialect: object = "sglang",
+    routed_dtype: object = None,
 ) -> str:
     """The constructor's arguments, checked in order; the first wrong one raises ValueError.
     Returns the mode the stream starts in: Dynamo and vLLM stream incremental events only."""
@@ -149,6 +150,8 @@ def check_options(
         raise bad_option("max_event_bytes", max_event_bytes)
     if type(routed_start) is not int or routed_start < 0:
         raise bad_option("routed_start", routed_start)
+    if routed_dtype is not None and routed_dtype != "int32":
+        raise bad_option("routed_dtype", routed_dtype)
     return MODES[MODES.index(mode)]  # MODES' own str: the compiled twin compares by identity
 
 

@@ -69,6 +69,7 @@ class GenerateStream(StreamConsumer):
         read_timeout: float | None = None,
         indexer_shape: tuple[int, int] | None = None,
         dialect: str = "sglang",
+        routed_dtype: str | None = None,
     ) -> None:
         request = request_for(dialect, payload, None)
         super().__init__(
@@ -79,6 +80,7 @@ class GenerateStream(StreamConsumer):
             indexer_shape=indexer_shape,
             routed_start=routed_start_of(payload),
             dialect=dialect,
+            routed_dtype=routed_dtype,
         )
         self._session = session
         self._url = url

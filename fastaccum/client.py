@@ -423,12 +423,14 @@ class Client:
         abort_drain_s: float | None | EllipsisType = ...,
         indexer_shape: tuple[int, int] | None = None,
         dialect: str | None = None,
+        routed_dtype: str | None = None,
     ) -> ClientStream:
         """One streaming POST of ``payload`` (sent as JSON with ``"stream": true`` and a request
         id: ``rid``, or vLLM's ``request_id``; the payload's, else a new one) to ``path`` (None:
         the dialect's, ``/generate`` or vLLM's ``/inference/v1/generate``); nothing is sent
         before ``run()``. ``coalesce_ms`` None takes the client's window, ``abort_drain_s`` left
-        out and ``dialect`` None the client's."""
+        out and ``dialect`` None the client's. ``routed_dtype="int32"`` widens vLLM's narrower
+        routed experts (uint8, uint16) to int32."""
         if abort_drain_s is ...:
             abort_drain_s = self._abort_drain_s
         else:
@@ -450,6 +452,7 @@ class Client:
             abort_drain_s=abort_drain_s,
             indexer_shape=indexer_shape,
             dialect=dialect,
+            routed_dtype=routed_dtype,
         )
 
     @property

@@ -80,6 +80,7 @@ class StreamConsumer:
         indexer_shape: tuple[int, int] | None = None,
         routed_start: int = 0,
         dialect: str = "sglang",
+        routed_dtype: str | None = None,
     ) -> None:
         self._pieces = pieces
         self._accumulator = self._new_accumulator(
@@ -89,6 +90,7 @@ class StreamConsumer:
             indexer_shape=indexer_shape,
             routed_start=routed_start,
             dialect=dialect,
+            routed_dtype=routed_dtype,
         )
         self._task: asyncio.Task[Any] | None = None
         self._started = False
@@ -267,6 +269,7 @@ async def consume(
     indexer_shape: tuple[int, int] | None = None,
     routed_start: int = 0,
     dialect: str = "sglang",
+    routed_dtype: str | None = None,
 ) -> StreamResult:
     """Feed every piece of an async byte iterator (any transport), then ``finish()``.
 
@@ -281,4 +284,5 @@ async def consume(
         indexer_shape=indexer_shape,
         routed_start=routed_start,
         dialect=dialect,
+        routed_dtype=routed_dtype,
     ).run()

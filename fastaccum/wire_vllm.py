@@ -48,10 +48,14 @@ def _logprobs(gen: Generation, start: int, end: int, shape: str) -> dict[str, An
     for i in range(start, end):
         token, logprob = gen.token_ids[i], gen.logprobs[i]
         value = -9999.0 if logprob is None else logprob  # vLLM clamps -inf; it never writes null
+        # With logprobs=0 vLLM still lists the sampled token among the candidates.
         if shape == "0.32":
-            items.append({"token_id": token, "logprob": value, "rank": 1, "top_logprobs": []})
+            top = [{"token_id": token, "logprob": value, "rank": 1}]
+            items.append({"token_id": token, "logprob": value, "rank": 1, "top_logprobs": top})
         else:
-            items.append({"token": f"token_id:{token}", "logprob": value, "bytes": None, "top_logprobs": []})
+            name = f"token_id:{token}"
+            top = [{"token": name, "logprob": value, "bytes": None}]
+            items.append({"token": name, "logprob": value, "bytes": None, "top_logprobs": top})
     return {"content": items}
 
 

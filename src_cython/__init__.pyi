@@ -19,6 +19,7 @@ class StreamAccumulator:
         indexer_shape: tuple[int, int] | None = None,
         routed_start: int = 0,
         dialect: str = "sglang",
+        routed_dtype: str | None = None,
     ) -> None: ...
     @property
     def mode(self) -> str: ...

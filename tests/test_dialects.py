@@ -151,6 +151,16 @@ def test_routed_experts_arrive_as_the_npy_array_in_its_wire_dtype(impl: ModuleTy
     np.testing.assert_array_equal(result.routed_experts, gen.routed_experts)
 
 
+def test_routed_dtype_int32_widens_the_npy_when_the_caller_asks(impl: ModuleType) -> None:
+    gen = synthetic_generation("r", 12, expert_shape=(3, 2), num_experts=64)
+    data = wire_vllm.stream_bytes(wire_vllm.stream_chunks(gen, routed=True))
+    result = _accumulate(impl, data, pieces=1000, dialect="vllm", routed_dtype="int32")
+    assert result.routed_experts.dtype == np.int32
+    np.testing.assert_array_equal(result.routed_experts, gen.routed_experts)
+    with pytest.raises(ValueError, match="routed_dtype must be None"):
+        impl.StreamAccumulator(dialect="vllm", routed_dtype="int64")
+
+
 def test_an_npy_of_another_shape_than_expert_shape_is_a_length_error(impl: ModuleType) -> None:
     gen = synthetic_generation("r", 4, expert_shape=(3, 2))
     data = wire_vllm.stream_bytes(wire_vllm.stream_chunks(gen, routed=True))
