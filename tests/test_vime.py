@@ -51,4 +51,5 @@ def test_import_is_lazy() -> None:
     import subprocess
 
     code = "import sys, fastaccum.vime; assert not any(m.split('.')[0] == 'vime' for m in sys.modules)"
-    subprocess.run([sys.executable, "-c", code], check=True)
+    # -P: from the checkout's root, its fastaccum/ folder would hide the installed package
+    subprocess.run([sys.executable, "-P", "-c", code], check=True)
