@@ -49,6 +49,7 @@ def _logprobs(gen: Generation, start: int, end: int, shape: str) -> dict[str, An
         token, logprob = gen.token_ids[i], gen.logprobs[i]
         value = -9999.0 if logprob is None else logprob  # vLLM clamps -inf; it never writes null
         # With logprobs=0 vLLM still lists the sampled token among the candidates.
+        top: list[dict[str, Any]]
         if shape == "0.32":
             top = [{"token_id": token, "logprob": value, "rank": 1}]
             items.append({"token_id": token, "logprob": value, "rank": 1, "top_logprobs": top})
