@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from fastaccum._rollout import collect_groups, wait_until_idle
 from fastaccum.slime._generate import generate, has_in_tree_request_abort
 from fastaccum.slime._modules import modules
 from fastaccum.slime._pools import registry, session
@@ -104,40 +105,10 @@ async def request_abort(args: Any, rollout_id: int) -> list[list[Any]]:
         # terminal abort chunk, which only the server-wide abort produces.
         await slime.server_control.abort_servers_until_idle(await _worker_urls(args))
 
-    groups: list[list[Any]] = []
-    count = 0
-    # Drain as slime's abort does; never cancel group tasks: siblings may be computing rewards.
-    while state.pendings:
-        done, state.pendings = await asyncio.wait(state.pendings, return_when=asyncio.FIRST_COMPLETED)
-        if not getattr(args, "partial_rollout", False):
-            continue
-        for task in done:
-            group = task.result()
-            if not _kept_a_prefix(group):
-                continue  # nothing observed: resuming would only redo finished siblings' work
-            for sample in _leaves(group):
-                if sample.response and "start_rollout_id" not in sample.metadata:
-                    sample.metadata["start_rollout_id"] = rollout_id
-            groups.append(group)
-            count += len(group)
-    if getattr(args, "partial_rollout", False):
-        logger.info("fastaccum: buffered %d partial groups (%d samples) for resume", len(groups), count)
+    groups = await collect_groups(state, args, rollout_id, modules().Sample.Status.ABORTED, logger)
     if not server_wide:
         await _wait_until_idle(args, settings)
     return groups
-
-
-def _leaves(group: list[Any]) -> Iterator[Any]:
-    for item in group:  # a fan-out generate returns list[Sample] per task
-        if isinstance(item, list):
-            yield from item
-        else:
-            yield item
-
-
-def _kept_a_prefix(group: list[Any]) -> bool:
-    aborted = modules().Sample.Status.ABORTED
-    return any(s.status == aborted and s.response_length > 0 for s in _leaves(group))
 
 
 async def _worker_urls(args: Any) -> list[str]:
@@ -152,30 +123,16 @@ async def _wait_until_idle(args: Any, settings: Settings) -> None:
     slime's router is unverified, and --offload-rollout must not free memory under live requests.
     """
     slime = modules()
-    urls = await _worker_urls(args)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + settings.idle_timeout
-    busy = list(urls)
-    while busy:
-        try:
-            loads = await asyncio.gather(
-                *(
-                    asyncio.wait_for(slime.http_utils.get(f"{url}/v1/loads?include=core"), CONTROL_TIMEOUT.total)
-                    for url in busy
-                )
-            )
-        except Exception as exc:  # an unreadable load proves nothing: make sure the hard way
-            logger.warning("fastaccum: could not read server loads (%r); aborting server-wide", exc)
-            break
-        busy = [url for url, load in zip(busy, loads) if slime.server_control.num_requests_from_load(load) > 0]
-        if not busy:
-            return
-        if loop.time() >= deadline:
-            logger.warning(
-                "fastaccum: %s still busy %.1f s after request-level abort; aborting server-wide",
-                busy,
-                settings.idle_timeout,
-            )
-            break
-        await asyncio.sleep(settings.idle_poll_interval)
-    await slime.server_control.abort_servers_until_idle(busy)
+
+    def load(url: str) -> Any:
+        return asyncio.wait_for(slime.http_utils.get(f"{url}/v1/loads?include=core"), CONTROL_TIMEOUT.total)
+
+    await wait_until_idle(
+        await _worker_urls(args),
+        load=load,
+        running=slime.server_control.num_requests_from_load,
+        abort_until_idle=slime.server_control.abort_servers_until_idle,
+        timeout=settings.idle_timeout,
+        poll_interval=settings.idle_poll_interval,
+        logger=logger,
+    )

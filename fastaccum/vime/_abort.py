@@ -5,7 +5,6 @@ servers are idle."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import threading
@@ -16,6 +15,7 @@ from typing import Any
 import aiohttp
 
 from fastaccum._control import vllm_ids
+from fastaccum._rollout import collect_groups, wait_until_idle
 from fastaccum.vime._generate import has_in_tree_request_abort
 from fastaccum.vime._modules import modules
 from fastaccum.vime._pools import CONTROL_TIMEOUT, registry, session
@@ -90,41 +90,11 @@ async def request_abort(args: Any, rollout_id: int) -> list[list[Any]]:
     if server_wide:
         await vime.server_control.abort_servers_until_idle(await _worker_urls(args))
 
-    groups: list[list[Any]] = []
-    count = 0
-    # Drain as vime's abort does; never cancel group tasks: siblings may be computing rewards.
-    while state.pendings:
-        done, state.pendings = await asyncio.wait(state.pendings, return_when=asyncio.FIRST_COMPLETED)
-        if not getattr(args, "partial_rollout", False):
-            continue
-        for task in done:
-            group = task.result()
-            if not _kept_a_prefix(group):
-                continue  # nothing observed: resuming would only redo finished siblings' work
-            for sample in _leaves(group):
-                if sample.response and "start_rollout_id" not in sample.metadata:
-                    sample.metadata["start_rollout_id"] = rollout_id
-            groups.append(group)
-            count += len(group)
-    if getattr(args, "partial_rollout", False):
-        logger.info("fastaccum: buffered %d partial groups (%d samples) for resume", len(groups), count)
+    groups = await collect_groups(state, args, rollout_id, modules().Sample.Status.ABORTED, logger)
     if not server_wide:
         await _cancel_cut_requests(args, settings)
         await _wait_until_idle(args, settings)
     return groups
-
-
-def _leaves(group: list[Any]) -> Iterator[Any]:
-    for item in group:  # a fan-out generate returns list[Sample] per task
-        if isinstance(item, list):
-            yield from item
-        else:
-            yield item
-
-
-def _kept_a_prefix(group: list[Any]) -> bool:
-    aborted = modules().Sample.Status.ABORTED
-    return any(s.status == aborted and s.response_length > 0 for s in _leaves(group))
 
 
 async def _worker_urls(args: Any) -> list[str]:
@@ -173,29 +143,16 @@ async def _wait_until_idle(args: Any, settings: Settings) -> None:
     under live requests.
     """
     vime = modules()
-    urls = await _worker_urls(args)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + settings.idle_timeout
-    busy = list(urls)
     http = session()
-    while busy:
-        try:
-            loads = await asyncio.gather(*(_load(http, url) for url in busy))
-        except Exception as exc:  # an unreadable load proves nothing: make sure the hard way
-            logger.warning("fastaccum: could not read server loads (%r); aborting server-wide", exc)
-            break
-        busy = [url for url, load in zip(busy, loads) if vime.server_control.num_requests_from_load(load) > 0]
-        if not busy:
-            return
-        if loop.time() >= deadline:
-            logger.warning(
-                "fastaccum: %s still busy %.1f s after request-level abort; aborting server-wide",
-                busy,
-                settings.idle_timeout,
-            )
-            break
-        await asyncio.sleep(settings.idle_poll_interval)
-    await vime.server_control.abort_servers_until_idle(busy)
+    await wait_until_idle(
+        await _worker_urls(args),
+        load=lambda url: _load(http, url),
+        running=vime.server_control.num_requests_from_load,
+        abort_until_idle=vime.server_control.abort_servers_until_idle,
+        timeout=settings.idle_timeout,
+        poll_interval=settings.idle_poll_interval,
+        logger=logger,
+    )
 
 
 async def _load(http: aiohttp.ClientSession, url: str) -> Any:

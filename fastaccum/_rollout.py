@@ -1,0 +1,87 @@
+"""What both RL adapters (fastaccum.slime, fastaccum.vime) do at a rollout abort, written once:
+collect the pending groups, keep for resuming only those that observed a prefix, and wait until
+the servers run nothing. The frameworks differ only in the calls passed in (their ``Sample``
+status, how a server's load is read, their server-wide abort)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+__all__ = ("leaves", "kept_a_prefix", "collect_groups", "wait_until_idle")
+
+
+def leaves(group: list[Any]) -> Iterator[Any]:
+    """The samples of a group (a fan-out generate returns list[Sample] per task)."""
+    for item in group:
+        if isinstance(item, list):
+            yield from item
+        else:
+            yield item
+
+
+def kept_a_prefix(group: list[Any], aborted: Any) -> bool:
+    """Some sample of the group was cut (``aborted``: the framework's ABORTED status) with tokens."""
+    return any(s.status == aborted and s.response_length > 0 for s in leaves(group))
+
+
+async def collect_groups(
+    state: Any, args: Any, rollout_id: int, aborted: Any, logger: logging.Logger
+) -> list[list[Any]]:
+    """Wait for every pending group as the framework's own abort does (never cancelling one:
+    siblings may be computing rewards); with ``--partial-rollout``, the groups that kept a prefix,
+    each resumed sample stamped with the rollout it started in."""
+    groups: list[list[Any]] = []
+    count = 0
+    partial = getattr(args, "partial_rollout", False)
+    while state.pendings:
+        done, state.pendings = await asyncio.wait(state.pendings, return_when=asyncio.FIRST_COMPLETED)
+        if not partial:
+            continue
+        for task in done:
+            group = task.result()
+            if not kept_a_prefix(group, aborted):
+                continue  # nothing observed: resuming would only redo finished siblings' work
+            for sample in leaves(group):
+                if sample.response and "start_rollout_id" not in sample.metadata:
+                    sample.metadata["start_rollout_id"] = rollout_id
+            groups.append(group)
+            count += len(group)
+    if partial:
+        logger.info("fastaccum: buffered %d partial groups (%d samples) for resume", len(groups), count)
+    return groups
+
+
+async def wait_until_idle(
+    urls: list[str],
+    *,
+    load: Callable[[str], Awaitable[Any]],
+    running: Callable[[Any], int],
+    abort_until_idle: Callable[[list[str]], Awaitable[Any]],
+    timeout: float,
+    poll_interval: float,
+    logger: logging.Logger,
+) -> None:
+    """Poll each worker's load (``load(url)``, ``running(load)`` requests) until none runs one;
+    past ``timeout``, or when a load cannot be read, the busy workers are aborted server-wide."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    busy = list(urls)
+    while busy:
+        try:
+            loads = await asyncio.gather(*(load(url) for url in busy))
+        except Exception as exc:  # an unreadable load proves nothing: make sure the hard way
+            logger.warning("fastaccum: could not read server loads (%r); aborting server-wide", exc)
+            break
+        busy = [url for url, answer in zip(busy, loads) if running(answer) > 0]
+        if not busy:
+            return
+        if loop.time() >= deadline:
+            logger.warning(
+                "fastaccum: %s still busy %.1f s after request-level abort; aborting server-wide", busy, timeout
+            )
+            break
+        await asyncio.sleep(poll_interval)
+    await abort_until_idle(busy)
