@@ -1,16 +1,45 @@
-"""What both RL adapters (fastaccum.slime, fastaccum.vime) do at a rollout abort, written once:
-collect the pending groups, keep for resuming only those that observed a prefix, and wait until
-the servers run nothing. The frameworks differ only in the calls passed in (their ``Sample``
-status, how a server's load is read, their server-wide abort)."""
+"""What both RL adapters (fastaccum.slime, fastaccum.vime) do alike, written once: read a call's
+tokens and log-probs for its ``Sample``, record its timing, and at a rollout abort collect the
+pending groups, keep for resuming only those that observed a prefix, and wait until the servers
+run nothing. The frameworks differ only in what is passed in (their ``Sample`` status, how a
+server's load is read, their server-wide abort)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-__all__ = ("leaves", "kept_a_prefix", "collect_groups", "wait_until_idle")
+import numpy as np
+
+from fastaccum.errors import StreamFormatError
+from fastaccum.result import StreamResult
+
+__all__ = ("call_tokens", "record_timing", "leaves", "kept_a_prefix", "collect_groups", "wait_until_idle")
+
+
+def call_tokens(result: StreamResult, asked: str) -> tuple[list[int], list[float]]:
+    """A call's tokens and their log-probs as lists; every token must have one (``asked``: the
+    request key that asks for them, for the message)."""
+    tokens = result.token_ids.tolist()
+    if not tokens:
+        return [], []
+    if result.logprobs is None:
+        raise StreamFormatError(f"the stream carried {len(tokens)} tokens but no logprobs ({asked})")
+    nulls = np.flatnonzero(np.isnan(result.logprobs))
+    if nulls.size:
+        # A NaN logprob would poison off-policy correction (TIS) for the whole batch.
+        raise StreamFormatError(f"null logprob for sampled token at position {int(nulls[0])} of {len(tokens)}")
+    return tokens, result.logprobs.tolist()
+
+
+def record_timing(sample: Any, result: StreamResult) -> None:
+    """One entry per generate call in ``sample.metadata["fastaccum_timing"]``, so stragglers
+    (a late first token, a long gap) show in the rollout's data; the aiohttp transport has none."""
+    if result.timing is not None:
+        sample.metadata.setdefault("fastaccum_timing", []).append(dataclasses.asdict(result.timing))
 
 
 def leaves(group: list[Any]) -> Iterator[Any]:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
-import numpy as np
-
+from fastaccum._rollout import call_tokens, record_timing
 from fastaccum.errors import ServerError, StreamFormatError
 from fastaccum.result import StreamResult
 from fastaccum.slime._modules import modules
@@ -18,31 +16,11 @@ __all__ = ("commit_prefix", "commit_terminal")
 _FINISH_TYPES = ("stop", "length", "abort")
 
 
-def _call_tokens(result: StreamResult) -> tuple[list[int], list[float]]:
-    tokens = result.token_ids.tolist()
-    if not tokens:
-        return [], []
-    if result.logprobs is None:
-        raise StreamFormatError(f"the stream carried {len(tokens)} tokens but no logprobs (return_logprob is set)")
-    nulls = np.flatnonzero(np.isnan(result.logprobs))
-    if nulls.size:
-        # A NaN logprob would poison off-policy correction (TIS) for the whole batch.
-        raise StreamFormatError(f"null logprob for sampled token at position {int(nulls[0])} of {len(tokens)}")
-    return tokens, result.logprobs.tolist()
-
-
 def _text(result: StreamResult, tokens: list[int], tokenizer: Any) -> str:
     if result.text is not None:
         return result.text
     # --skip-tokenizer-init servers send no text: decode once, not per event.
     return tokenizer.decode(tokens) if tokens else ""
-
-
-def _record_timing(sample: Any, result: StreamResult) -> None:
-    """One entry per generate call in ``sample.metadata["fastaccum_timing"]``, so stragglers
-    (a late first token, a long gap) show in the rollout's data; the aiohttp transport has none."""
-    if result.timing is not None:
-        sample.metadata.setdefault("fastaccum_timing", []).append(dataclasses.asdict(result.timing))
 
 
 def commit_terminal(args: Any, sample: Any, result: StreamResult, tokenizer: Any) -> None:
@@ -59,7 +37,7 @@ def commit_terminal(args: Any, sample: Any, result: StreamResult, tokenizer: Any
         )
     if kind not in _FINISH_TYPES:
         raise StreamFormatError(f"unknown finish_reason type {kind!r}")
-    tokens, logprobs = _call_tokens(result)
+    tokens, logprobs = call_tokens(result, "return_logprob is set")
     meta = dict(result.meta_info)
     meta["finish_reason"] = reason
     # Decoded arrays go straight into meta_info: slime's decode_int32_meta_array takes arrays as is.
@@ -77,12 +55,12 @@ def commit_terminal(args: Any, sample: Any, result: StreamResult, tokenizer: Any
         text=_text(result, tokens, tokenizer),
         update_terminal_info=True,
     )
-    _record_timing(sample, result)
+    record_timing(sample, result)
 
 
 def commit_prefix(args: Any, sample: Any, result: StreamResult, tokenizer: Any) -> None:
     """A deliberate request-level cancel: the observed prefix, no terminal bookkeeping, ABORTED."""
-    tokens, logprobs = _call_tokens(result)
+    tokens, logprobs = call_tokens(result, "return_logprob is set")
     if tokens:
         sample.append_response_tokens(
             args,
@@ -96,5 +74,5 @@ def commit_prefix(args: Any, sample: Any, result: StreamResult, tokenizer: Any) 
         version = result.meta_info.get("weight_version")
         if version is not None:  # keep one entry per committed segment, as terminal commits do
             sample.weight_versions.append(version)
-    _record_timing(sample, result)
+    record_timing(sample, result)
     sample.status = modules().Sample.Status.ABORTED

@@ -4,11 +4,9 @@ CSR, routed experts and status aligned as vime's non-streaming ``generate`` has 
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
-import numpy as np
-
+from fastaccum._rollout import call_tokens, record_timing
 from fastaccum.errors import ServerError, StreamFormatError
 from fastaccum.result import StreamResult
 from fastaccum.vime._modules import modules
@@ -34,18 +32,6 @@ def finish_of(result: StreamResult) -> dict[str, Any]:
     return {"type": kind}
 
 
-def _call_tokens(result: StreamResult) -> tuple[list[int], list[float]]:
-    tokens = result.token_ids.tolist()
-    if not tokens:
-        return [], []
-    if result.logprobs is None:
-        raise StreamFormatError(f"the stream carried {len(tokens)} tokens but no logprobs (logprobs: 1 is sent)")
-    nulls = np.flatnonzero(np.isnan(result.logprobs))
-    if nulls.size:
-        raise StreamFormatError(f"null logprob for sampled token at position {int(nulls[0])} of {len(tokens)}")
-    return tokens, result.logprobs.tolist()
-
-
 def _text(tokens: list[int], tokenizer: Any, skip_special_tokens: bool) -> str:
     # vLLM's token-in/token-out endpoint sends no text: decode once per call, not per chunk.
     return tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens) if tokens else ""
@@ -58,15 +44,10 @@ def _top_p(result: StreamResult, meta: dict[str, Any]) -> None:
         meta["top_p_token_offsets"] = result.top_p_token_offsets
 
 
-def _record_timing(sample: Any, result: StreamResult) -> None:
-    if result.timing is not None:
-        sample.metadata.setdefault("fastaccum_timing", []).append(dataclasses.asdict(result.timing))
-
-
 def commit_terminal(args: Any, sample: Any, result: StreamResult, tokenizer: Any, skip_special_tokens: bool) -> None:
     """A stream that ended with its finishing chunk: tokens, terminal bookkeeping, status."""
     finish = finish_of(result)
-    tokens, logprobs = _call_tokens(result)
+    tokens, logprobs = call_tokens(result, "logprobs: 1 is sent")
     info = result.meta_info
     meta: dict[str, Any] = {"finish_reason": finish}
     if info.get("weight_version") is not None:
@@ -94,13 +75,13 @@ def commit_terminal(args: Any, sample: Any, result: StreamResult, tokenizer: Any
         text=_text(tokens, tokenizer, skip_special_tokens),
         update_terminal_info=True,
     )
-    _record_timing(sample, result)
+    record_timing(sample, result)
 
 
 def commit_prefix(args: Any, sample: Any, result: StreamResult, tokenizer: Any, skip_special_tokens: bool) -> None:
     """A cut stream: the tokens received (with the sampling-mask rows that came with them), no
     terminal bookkeeping, ABORTED. Routed experts come only in the finishing chunk: none."""
-    tokens, logprobs = _call_tokens(result)
+    tokens, logprobs = call_tokens(result, "logprobs: 1 is sent")
     if tokens:
         meta: dict[str, Any] = {}
         _top_p(result, meta)
@@ -116,5 +97,5 @@ def commit_prefix(args: Any, sample: Any, result: StreamResult, tokenizer: Any, 
         version = result.meta_info.get("weight_version")
         if version is not None:  # one entry per committed segment, as a terminal commit makes
             sample.weight_versions.append(str(version))
-    _record_timing(sample, result)
+    record_timing(sample, result)
     sample.status = modules().Sample.Status.ABORTED
