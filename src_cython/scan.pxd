@@ -55,3 +55,18 @@ cdef inline const unsigned char* scan_uint(const unsigned char* p, const unsigne
 
 cdef inline bint key_is(const unsigned char* key, Py_ssize_t n, const char* name, Py_ssize_t m) noexcept nogil:
     return n == m and memcmp(key, name, m) == 0
+
+
+cdef inline const unsigned char* scan_key(const unsigned char* p, const unsigned char* end,
+                                          const unsigned char** key, Py_ssize_t* key_len) noexcept nogil:
+    """An object's key (plain: no escapes) and its colon, at p: where the value starts, or NULL."""
+    cdef bint escaped = False
+    if p >= end or p[0] != 34:
+        return NULL
+    key[0] = p + 1
+    p = skip_string(p, end, &escaped)
+    if p == NULL or escaped or p >= end or p[0] != 58:
+        return NULL
+    key_len[0] = p - key[0] - 1
+    p += 1
+    return p if p < end else NULL

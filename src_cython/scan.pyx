@@ -212,7 +212,7 @@ cdef int scan_event(const unsigned char* base, Py_ssize_t n, Buffer out_ids, Buf
     cdef const unsigned char* p = base
     cdef const unsigned char* key
     cdef Py_ssize_t key_len
-    cdef bint escaped = False, has_meta = False
+    cdef bint has_meta = False
     cdef long long value
     r.has_text = r.has_output_ids = r.has_logprobs = False
     r.completion_tokens = r.logprobs_length = r.prompt_tokens = -1
@@ -220,15 +220,8 @@ cdef int scan_event(const unsigned char* base, Py_ssize_t n, Buffer out_ids, Buf
         return 0
     p += 1
     while True:
-        if p >= end or p[0] != 34:
-            return 0
-        key = p + 1
-        p = skip_string(p, end, &escaped)
-        if p == NULL or escaped or p >= end or p[0] != 58:
-            return 0
-        key_len = p - key - 1
-        p += 1
-        if p >= end:
+        p = scan_key(p, end, &key, &key_len)
+        if p == NULL:
             return 0
         if key_is(key, key_len, b"text", 4):
             if r.has_text:
@@ -302,20 +295,13 @@ cdef const unsigned char* _scan_meta(const unsigned char* p, const unsigned char
                                      Buffer lp_values, Py_ssize_t skip, Event* r) except? NULL:
     cdef const unsigned char* key
     cdef Py_ssize_t key_len
-    cdef bint escaped = False, has_finish = False
+    cdef bint has_finish = False
     p += 1
     if p < end and p[0] == 125:
         return p + 1
     while True:
-        if p >= end or p[0] != 34:
-            return NULL
-        key = p + 1
-        p = skip_string(p, end, &escaped)
-        if p == NULL or escaped or p >= end or p[0] != 58:
-            return NULL
-        key_len = p - key - 1
-        p += 1
-        if p >= end:
+        p = scan_key(p, end, &key, &key_len)
+        if p == NULL:
             return NULL
         if key_is(key, key_len, b"finish_reason", 13):
             # Only the non-terminal shape: a terminal event is rare and takes the orjson path.

@@ -11,7 +11,7 @@ from libc.string cimport memcmp
 
 from fastaccum._cy.buffers cimport Buffer, float64s, int32s
 from fastaccum._cy.fields cimport Event
-from fastaccum._cy.scan cimport key_is, scan_ids, scan_number, scan_uint, skip_string, skip_value
+from fastaccum._cy.scan cimport key_is, scan_ids, scan_key, scan_number, scan_uint, skip_value
 
 
 cdef int scan_chunk(const unsigned char* base, Py_ssize_t n, Buffer out_ids, Buffer lp_ids, Buffer lp_values,
@@ -24,22 +24,15 @@ cdef int scan_chunk(const unsigned char* base, Py_ssize_t n, Buffer out_ids, Buf
     cdef const unsigned char* p = base
     cdef const unsigned char* key
     cdef Py_ssize_t key_len
-    cdef bint escaped = False, has_choice = False
+    cdef bint has_choice = False
     r.has_text = r.has_output_ids = r.has_logprobs = False
     r.completion_tokens = r.logprobs_length = r.prompt_tokens = -1
     if p >= end or p[0] != 123:
         return 0
     p += 1
     while True:
-        if p >= end or p[0] != 34:
-            return 0
-        key = p + 1
-        p = skip_string(p, end, &escaped)
-        if p == NULL or escaped or p >= end or p[0] != 58:
-            return 0
-        key_len = p - key - 1
-        p += 1
-        if p >= end:
+        p = scan_key(p, end, &key, &key_len)
+        if p == NULL:
             return 0
         if key_is(key, key_len, b"choices", 7):
             # exactly one choice: [{...}]
@@ -80,18 +73,10 @@ cdef const unsigned char* _scan_choice(const unsigned char* p, const unsigned ch
                                        Buffer lp_ids, Buffer lp_values, Event* r) except? NULL:
     cdef const unsigned char* key
     cdef Py_ssize_t key_len
-    cdef bint escaped = False
     p += 1
     while True:
-        if p >= end or p[0] != 34:
-            return NULL
-        key = p + 1
-        p = skip_string(p, end, &escaped)
-        if p == NULL or escaped or p >= end or p[0] != 58:
-            return NULL
-        key_len = p - key - 1
-        p += 1
-        if p >= end:
+        p = scan_key(p, end, &key, &key_len)
+        if p == NULL:
             return NULL
         if key_is(key, key_len, b"token_ids", 9):
             if r.has_output_ids:
@@ -140,7 +125,7 @@ cdef const unsigned char* _scan_chunk_logprobs(const unsigned char* p, const uns
     cdef const unsigned char* key
     cdef Py_ssize_t key_len
     cdef Py_ssize_t n = 0
-    cdef bint escaped = False, has_token, has_logprob
+    cdef bint has_token, has_logprob
     cdef long long token
     cdef double logprob
     ids.size = values.size = 0
@@ -158,14 +143,9 @@ cdef const unsigned char* _scan_chunk_logprobs(const unsigned char* p, const uns
             ids.reserve(1)
             values.reserve(ids.capacity - values.size)
         while True:
-            if p >= end or p[0] != 34:
+            p = scan_key(p, end, &key, &key_len)
+            if p == NULL:
                 return NULL
-            key = p + 1
-            p = skip_string(p, end, &escaped)
-            if p == NULL or escaped or p >= end or p[0] != 58:
-                return NULL
-            key_len = p - key - 1
-            p += 1
             if key_is(key, key_len, b"token_id", 8):
                 if has_token:
                     return NULL
