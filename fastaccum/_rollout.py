@@ -7,6 +7,7 @@ server's load is read, their server-wide abort)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Iterator
@@ -17,7 +18,16 @@ import numpy as np
 from fastaccum.errors import StreamFormatError
 from fastaccum.result import StreamResult
 
-__all__ = ("call_tokens", "record_timing", "leaves", "kept_a_prefix", "collect_groups", "wait_until_idle")
+__all__ = (
+    "call_tokens",
+    "record_timing",
+    "has_in_tree_request_abort",
+    "opted_out_of_request_cancel",
+    "leaves",
+    "kept_a_prefix",
+    "collect_groups",
+    "wait_until_idle",
+)
 
 
 def call_tokens(result: StreamResult, asked: str) -> tuple[list[int], list[float]]:
@@ -40,6 +50,31 @@ def record_timing(sample: Any, result: StreamResult) -> None:
     (a late first token, a long gap) show in the rollout's data; the aiohttp transport has none."""
     if result.timing is not None:
         sample.metadata.setdefault("fastaccum_timing", []).append(dataclasses.asdict(result.timing))
+
+
+def has_in_tree_request_abort(state: Any) -> bool:
+    """The framework cancels request-abort generate calls itself (slime with pull request 2272,
+    vime from 91a8f005): its GenerateState carries these."""
+    return hasattr(state, "cancellable_tasks") and hasattr(state, "active_server_generations")
+
+
+@contextlib.contextmanager
+def opted_out_of_request_cancel(state: Any) -> Iterator[None]:
+    """A call that must end with the server's own abort, on a framework with request-level abort:
+    leave its cancel set and count in ``active_server_generations``, so its ``abort()`` aborts
+    server-wide. The task goes back into the set afterwards, so the framework's wrapper still
+    tells a caller's own cancel from an abort."""
+    task = asyncio.current_task()
+    registered = task is not None and task in state.cancellable_tasks
+    if registered:
+        state.cancellable_tasks.discard(task)
+    state.active_server_generations += 1
+    try:
+        yield
+    finally:
+        state.active_server_generations -= 1
+        if registered:
+            state.cancellable_tasks.add(task)
 
 
 def leaves(group: list[Any]) -> Iterator[Any]:

@@ -11,8 +11,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from fastaccum._rollout import collect_groups, wait_until_idle
-from fastaccum.slime._generate import generate, has_in_tree_request_abort
+from fastaccum._rollout import collect_groups, has_in_tree_request_abort, wait_until_idle
+from fastaccum.slime._generate import generate
 from fastaccum.slime._modules import modules
 from fastaccum.slime._pools import registry, session
 from fastaccum.slime._probe import CONTROL_TIMEOUT, check_server_mode

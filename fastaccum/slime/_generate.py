@@ -6,11 +6,10 @@ cut), or by the server-wide abort."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
+from fastaccum._rollout import has_in_tree_request_abort, opted_out_of_request_cancel
 from fastaccum.consumer import StreamConsumer
 from fastaccum.result import StreamResult
 from fastaccum.slime import _pools
@@ -19,7 +18,7 @@ from fastaccum.slime._modules import modules
 from fastaccum.slime._probe import check_server_mode
 from fastaccum.slime._settings import Settings
 
-__all__ = ("generate", "new_rid", "has_in_tree_request_abort")
+__all__ = ("generate", "new_rid")
 
 
 async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], evaluation: bool = False) -> Any:
@@ -68,7 +67,7 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], eval
             return sample
         result = outcome
     elif slime_cancels:
-        with _opted_out_of_request_cancel(state):
+        with opted_out_of_request_cancel(state):
             result = await _run_unless_aborted(state, stream)
     elif server_wide:
         result = await _ended_by_server_abort(state, stream)
@@ -120,11 +119,6 @@ def new_rid(sample: Any) -> str:
     sample), then a random part. SGLang aborts rids by prefix, and none of these is a prefix of
     another: the dash after the index falls where a longer index has a digit."""
     return f"fastaccum-{sample.index}-{uuid.uuid4().hex}"
-
-
-def has_in_tree_request_abort(state: Any) -> bool:
-    """slime builds that cancel request-abort generate calls themselves carry these on GenerateState."""
-    return hasattr(state, "cancellable_tasks") and hasattr(state, "active_server_generations")
 
 
 # ---- the four ways a call ends at a rollout abort ----------------------------------------------
@@ -214,24 +208,3 @@ async def _drained(stream: StreamConsumer, reading: asyncio.Future[StreamResult]
     except asyncio.CancelledError:
         reading.cancel()
         raise
-
-
-@contextlib.contextmanager
-def _opted_out_of_request_cancel(state: Any) -> Iterator[None]:
-    """The request-abort slime line, a call that needs its terminal chunk: leave slime's cancel set.
-
-    Counted in ``active_server_generations`` instead, so slime's ``abort()`` aborts server-wide
-    and the stream ends with the terminal abort chunk. The task goes back into the set afterwards,
-    so that slime's wrapper still tells a caller's own cancel from an abort.
-    """
-    task = asyncio.current_task()
-    registered = task is not None and task in state.cancellable_tasks
-    if registered:
-        state.cancellable_tasks.discard(task)
-    state.active_server_generations += 1
-    try:
-        yield
-    finally:
-        state.active_server_generations -= 1
-        if registered:
-            state.cancellable_tasks.add(task)

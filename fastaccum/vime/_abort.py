@@ -15,8 +15,7 @@ from typing import Any
 import aiohttp
 
 from fastaccum._control import vllm_ids
-from fastaccum._rollout import collect_groups, wait_until_idle
-from fastaccum.vime._generate import has_in_tree_request_abort
+from fastaccum._rollout import collect_groups, has_in_tree_request_abort, wait_until_idle
 from fastaccum.vime._modules import modules
 from fastaccum.vime._pools import CONTROL_TIMEOUT, registry, session
 from fastaccum.vime._settings import Settings, router_url

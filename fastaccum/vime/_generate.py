@@ -5,11 +5,10 @@ connection, which is how vLLM aborts a request), or the server-wide abort."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
+from fastaccum._rollout import has_in_tree_request_abort, opted_out_of_request_cancel
 from fastaccum.client import ClientStream
 from fastaccum.errors import StreamTruncatedError
 from fastaccum.result import StreamResult
@@ -18,7 +17,7 @@ from fastaccum.vime._commit import commit_prefix, commit_terminal
 from fastaccum.vime._modules import modules
 from fastaccum.vime._settings import Settings
 
-__all__ = ("generate", "new_rid", "has_in_tree_request_abort")
+__all__ = ("generate", "new_rid")
 
 
 async def generate(args: Any, sample: Any, sampling_params: dict[str, Any]) -> Any:
@@ -79,7 +78,7 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any]) -> A
             if result is None:  # committed in _ended_by_vime
                 return sample
         elif vime_cancels:
-            with _opted_out_of_request_cancel(state):
+            with opted_out_of_request_cancel(state):
                 result = await _run_unless_aborted(state, stream)
         elif server_wide:
             result = await _ended_by_server_abort(state, stream)
@@ -102,11 +101,6 @@ def new_rid(sample: Any) -> str:
     """vLLM's request_id of one call for ``sample``: its index (server logs and the cancel endpoint
     name the sample), then a random part."""
     return f"fastaccum-{sample.index}-{uuid.uuid4().hex}"
-
-
-def has_in_tree_request_abort(state: Any) -> bool:
-    """vime builds that cancel request-abort generate calls themselves carry these on GenerateState."""
-    return hasattr(state, "cancellable_tasks") and hasattr(state, "active_server_generations")
 
 
 # ---- the ways a call ends at a rollout abort ---------------------------------------------------
@@ -176,21 +170,3 @@ async def _ended_by_vime(state: Any, stream: ClientStream, commit: Any) -> Strea
     task.uncancel()
     commit(kept)
     return None
-
-
-@contextlib.contextmanager
-def _opted_out_of_request_cancel(state: Any) -> Iterator[None]:
-    """vime with request-level abort, ``fastaccum_abort_mode: server``: leave vime's cancel set and
-    count in ``active_server_generations``, so vime's ``abort()`` aborts server-wide. The task goes
-    back into the set afterwards, so vime's wrapper still tells a caller's own cancel apart."""
-    task = asyncio.current_task()
-    registered = task is not None and task in state.cancellable_tasks
-    if registered:
-        state.cancellable_tasks.discard(task)
-    state.active_server_generations += 1
-    try:
-        yield
-    finally:
-        state.active_server_generations -= 1
-        if registered:
-            state.cancellable_tasks.add(task)
