@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -21,6 +22,7 @@ from fastaccum.result import StreamResult
 __all__ = (
     "call_tokens",
     "record_timing",
+    "ModuleAbort",
     "has_in_tree_request_abort",
     "opted_out_of_request_cancel",
     "leaves",
@@ -50,6 +52,34 @@ def record_timing(sample: Any, result: StreamResult) -> None:
     (a late first token, a long gap) show in the rollout's data; the aiohttp transport has none."""
     if result.timing is not None:
         sample.metadata.setdefault("fastaccum_timing", []).append(dataclasses.asdict(result.timing))
+
+
+class ModuleAbort:
+    """A framework's module-level ``abort`` (looked up at call time), swapped for the adapter's
+    ``replacement`` while a rollout runs; ``original()`` is the framework's own, for the adapter to
+    call. One per adapter; the lock keeps concurrent rollouts (threads) from keeping the swap."""
+
+    def __init__(self, replacement: Callable[..., Any]) -> None:
+        self._replacement = replacement
+        self._stock: Any = None
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def swapped(self, rollout_module: Any) -> Iterator[None]:
+        with self._lock:
+            previous = rollout_module.abort
+            if previous is not self._replacement:
+                self._stock = previous
+            rollout_module.abort = self._replacement
+        try:
+            yield
+        finally:
+            with self._lock:
+                rollout_module.abort = previous
+
+    def original(self, rollout_module: Any) -> Any:
+        current = rollout_module.abort
+        return current if current is not self._replacement else self._stock
 
 
 def has_in_tree_request_abort(state: Any) -> bool:

@@ -5,13 +5,10 @@ waits until the servers are idle."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import threading
-from collections.abc import Iterator
 from typing import Any
 
-from fastaccum._rollout import collect_groups, has_in_tree_request_abort, wait_until_idle
+from fastaccum._rollout import ModuleAbort, collect_groups, has_in_tree_request_abort, wait_until_idle
 from fastaccum.slime._generate import generate
 from fastaccum.slime._modules import modules
 from fastaccum.slime._pools import registry, session
@@ -21,9 +18,6 @@ from fastaccum.slime._settings import Settings, router_url
 __all__ = ("generate_rollout", "request_abort")
 
 logger = logging.getLogger("fastaccum.slime")
-
-_swap_lock = threading.Lock()
-_stock_abort: Any = None
 
 
 def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
@@ -38,7 +32,7 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
     if _generate_is_fastaccum(args):
         # Mode mismatches fail here, before the first rollout sends anything.
         slime.async_utils.run(_check_mode_for_rollout(args))
-    with _abort_swapped(slime.rollout):
+    with _module_abort.swapped(slime.rollout):
         return slime.rollout.generate_rollout(args, rollout_id, data_source, evaluation=False)
 
 
@@ -51,27 +45,6 @@ def _generate_is_fastaccum(args: Any) -> bool:
     return bool(path) and modules().misc.load_function(path) is generate
 
 
-@contextlib.contextmanager
-def _abort_swapped(rollout_module: Any) -> Iterator[None]:
-    """Swap slime's module-level ``abort`` for ``request_abort`` (looked up at call time)."""
-    global _stock_abort
-    with _swap_lock:
-        previous = rollout_module.abort
-        if previous is not request_abort:
-            _stock_abort = previous
-        rollout_module.abort = request_abort
-    try:
-        yield
-    finally:
-        with _swap_lock:
-            rollout_module.abort = previous
-
-
-def _original_abort() -> Any:
-    current = modules().rollout.abort
-    return current if current is not request_abort else _stock_abort
-
-
 async def request_abort(args: Any, rollout_id: int) -> list[list[Any]]:
     """Abort the rollout's in-flight work and return the groups to buffer for partial rollout.
 
@@ -81,7 +54,7 @@ async def request_abort(args: Any, rollout_id: int) -> list[list[Any]]:
     path = getattr(args, "custom_generate_function_path", None)
     if not path or getattr(slime.misc.load_function(path), "abort_mode", None) != "request":
         # Another generate function: fastaccum cannot see its requests, slime's abort can.
-        stock: list[list[Any]] = await _original_abort()(args, rollout_id)
+        stock: list[list[Any]] = await _module_abort.original(modules().rollout)(args, rollout_id)
         return stock
     settings = Settings.from_args(args)
     state = slime.rollout.GenerateState(args)
@@ -90,7 +63,7 @@ async def request_abort(args: Any, rollout_id: int) -> list[list[Any]]:
         # cancelled) and buffers the same groups; it only does not wait for the servers, which
         # notice a closed connection at their next write and may still be decoding.
         server_wide = state.active_server_generations > 0
-        in_tree: list[list[Any]] = await _original_abort()(args, rollout_id)
+        in_tree: list[list[Any]] = await _module_abort.original(modules().rollout)(args, rollout_id)
         if not server_wide:
             await _wait_until_idle(args, settings)
         return in_tree
@@ -136,3 +109,7 @@ async def _wait_until_idle(args: Any, settings: Settings) -> None:
         poll_interval=settings.idle_poll_interval,
         logger=logger,
     )
+
+
+# slime's module-level abort, swapped for request_abort while generate_rollout runs.
+_module_abort = ModuleAbort(request_abort)

@@ -5,17 +5,14 @@ servers are idle."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
 
 from fastaccum._control import vllm_ids
-from fastaccum._rollout import collect_groups, has_in_tree_request_abort, wait_until_idle
+from fastaccum._rollout import ModuleAbort, collect_groups, has_in_tree_request_abort, wait_until_idle
 from fastaccum.vime._modules import modules
 from fastaccum.vime._pools import CONTROL_TIMEOUT, registry, session
 from fastaccum.vime._settings import Settings, router_url
@@ -23,9 +20,6 @@ from fastaccum.vime._settings import Settings, router_url
 __all__ = ("generate_rollout", "request_abort")
 
 logger = logging.getLogger("fastaccum.vime")
-
-_swap_lock = threading.Lock()
-_stock_abort: Any = None
 
 
 def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
@@ -35,29 +29,8 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
     vime = modules()
     if evaluation:
         return vime.rollout.generate_rollout(args, rollout_id, data_source, evaluation=True)
-    with _abort_swapped(vime.rollout):
+    with _module_abort.swapped(vime.rollout):
         return vime.rollout.generate_rollout(args, rollout_id, data_source, evaluation=False)
-
-
-@contextlib.contextmanager
-def _abort_swapped(rollout_module: Any) -> Iterator[None]:
-    """Swap vime's module-level ``abort`` (looked up at call time) for ``request_abort``."""
-    global _stock_abort
-    with _swap_lock:
-        previous = rollout_module.abort
-        if previous is not request_abort:
-            _stock_abort = previous
-        rollout_module.abort = request_abort
-    try:
-        yield
-    finally:
-        with _swap_lock:
-            rollout_module.abort = previous
-
-
-def _original_abort() -> Any:
-    current = modules().rollout.abort
-    return current if current is not request_abort else _stock_abort
 
 
 async def request_abort(args: Any, rollout_id: int) -> list[list[Any]]:
@@ -67,7 +40,7 @@ async def request_abort(args: Any, rollout_id: int) -> list[list[Any]]:
     path = getattr(args, "custom_generate_function_path", None)
     if not path or getattr(vime.misc.load_function(path), "abort_mode", None) != "request":
         # Another generate function: fastaccum cannot see its requests, vime's abort can.
-        stock: list[list[Any]] = await _original_abort()(args, rollout_id)
+        stock: list[list[Any]] = await _module_abort.original(modules().rollout)(args, rollout_id)
         return stock
     settings = Settings.from_args(args)
     state = vime.rollout.GenerateState(args)
@@ -76,7 +49,7 @@ async def request_abort(args: Any, rollout_id: int) -> list[list[Any]]:
         # vime cancels the request-abort calls itself (generate commits each prefix as it is
         # cancelled) and buffers the same groups; it only does not wait for the servers.
         server_wide = state.active_server_generations > 0
-        in_tree: list[list[Any]] = await _original_abort()(args, rollout_id)
+        in_tree: list[list[Any]] = await _module_abort.original(modules().rollout)(args, rollout_id)
         if not server_wide:
             await _cancel_cut_requests(args, settings)
             await _wait_until_idle(args, settings)
@@ -158,3 +131,7 @@ async def _load(http: aiohttp.ClientSession, url: str) -> Any:
     async with http.get(f"{url}/load?include_inflight=true&inflight_limit=100", timeout=CONTROL_TIMEOUT) as r:
         r.raise_for_status()
         return await r.json(content_type=None)
+
+
+# vime's module-level abort, swapped for request_abort while generate_rollout runs.
+_module_abort = ModuleAbort(request_abort)
