@@ -28,11 +28,19 @@ from fastaccum._messages import (
     not_an_object,
     npy_shape,
     server_error,
-    top_p_rows,
     wrong_dialect,
     wrong_type,
 )
-from fastaccum._policy import ABSENT, ARRAY_KEYS, COUNT_LIMIT, DIALECTS, ParsedEvent, decode_b64, load_json
+from fastaccum._policy import (
+    ABSENT,
+    ARRAY_KEYS,
+    COUNT_LIMIT,
+    DIALECTS,
+    ParsedEvent,
+    decode_b64,
+    load_json,
+    top_p_answer,
+)
 
 __all__ = (
     "SGLANG",
@@ -258,19 +266,9 @@ def chunk_arrays(
     the ``.npy`` decoded by ``npy_array``, in its wire dtype or, ``widen``, as int32); None for what
     it does not carry. ``streamed``: as fastaccum._policy.read_arrays."""
     meta = parsed.meta if parsed is not None else {}
-    top_p = None
     mask = meta.get("sampling_mask")
-    if mask is not None:
-        ids, offsets = _mask_rows(index, mask)
-        rows = offsets.shape[0] - 1
-        if rows == added and (rows_held or 0) == held:
-            top_p = ids, offsets, False
-        elif rows == held + added:
-            top_p = ids, offsets, True
-        else:
-            raise top_p_rows(index, mode, rows, added, held + added)
-    elif rows_held is not None and added > 0:
-        raise top_p_rows(index, mode, None, added, held + added)
+    rows = _mask_rows(index, mask) if mask is not None else None
+    top_p = top_p_answer(rows, index=index, mode=mode, held=held, added=added, rows_held=rows_held)
     replay = None
     if parsed is not None and meta.get("routed_experts") is not None:
         value = meta["routed_experts"]

@@ -63,6 +63,7 @@ __all__ = (
     "echo_text",
     "read_arrays",
     "read_top_p",
+    "top_p_answer",
     "read_replay",
     "indexer_shape_of",
     "decode_b64",
@@ -101,6 +102,7 @@ _TOP_P_PAIRS = (
     ("top_p_kept_token_ids", "top_p_kept_token_offsets"),
 )
 TOP_P_KEYS = frozenset(key for pair in _TOP_P_PAIRS for key in pair)
+_Int32s = npt.NDArray[np.int32]
 REPLAY_KEYS_SET = frozenset(REPLAY_KEYS)
 # ... and every array an event may carry: vLLM's sampling mask too (fastaccum._dialects).
 ARRAY_KEYS = frozenset((*B64_KEYS, "sampling_mask"))
@@ -395,9 +397,7 @@ def read_top_p(
         if meta is not None and (ids_key in meta or offsets_key in meta):
             break
     else:
-        if rows_held is not None and added > 0:
-            raise top_p_rows(index, mode, None, added, held + added)
-        return None
+        return top_p_answer(None, index=index, mode=mode, held=held, added=added, rows_held=rows_held)
     assert parsed is not None and meta is not None
     if ids_key not in meta or offsets_key not in meta:
         present, missing = (ids_key, offsets_key) if ids_key in meta else (offsets_key, ids_key)
@@ -405,13 +405,27 @@ def read_top_p(
     ids = decode_int32(index, ids_key, meta[ids_key], parsed.data, parsed.spans.get(ids_key))
     offsets = decode_int32(index, offsets_key, meta[offsets_key], parsed.data, parsed.spans.get(offsets_key))
     _check_offsets(index, offsets_key, offsets, ids.shape[0])
-    rows = offsets.shape[0] - 1
+    return top_p_answer((ids, offsets), index=index, mode=mode, held=held, added=added, rows_held=rows_held)
+
+
+def top_p_answer(
+    rows: tuple[_Int32s, _Int32s] | None, *, index: int, mode: str, held: int, added: int, rows_held: int | None
+) -> tuple[_Int32s, _Int32s, bool] | None:
+    """An event's top-p CSR (``rows``: ids, offsets) and whether it replaces the rows held (a row
+    for every token) or extends them (a row for each token it adds); any other count is refused.
+    ``rows`` None: the event has none, and then adds no tokens to a stream that carried them."""
     total = held + added
-    if rows == total:
+    if rows is None:
+        if rows_held is not None and added > 0:
+            raise top_p_rows(index, mode, None, added, total)
+        return None
+    ids, offsets = rows
+    count = offsets.shape[0] - 1
+    if count == total:
         return ids, offsets, True
-    if rows == added and (rows_held or 0) == held:
+    if count == added and (rows_held or 0) == held:
         return ids, offsets, False
-    raise top_p_rows(index, mode, rows, added, total)
+    raise top_p_rows(index, mode, count, added, total)
 
 
 # ---- replay arrays: routed experts, indexer top-k ----------------------------------------------
