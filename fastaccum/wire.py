@@ -124,6 +124,55 @@ def _hash_u64(seed: int, rid: str, salt: int, positions: npt.NDArray[np.uint64])
         return z ^ (z >> np.uint64(31))
 
 
+class _Positions(Sequence[Any]):
+    """One column of a generation's per-position values, computed a block at a time on first read:
+    a request for a million tokens that is aborted after twenty costs twenty (token i never
+    depends on n, so a block is the same whoever asks first)."""
+
+    BLOCK = 4096
+
+    def __init__(self, n: int, blocks: dict[int, tuple[list[Any], ...]], make: Any, column: int) -> None:
+        self._n, self._blocks, self._make, self._column = n, blocks, make, column
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _block(self, b: int) -> list[Any]:
+        columns = self._blocks.get(b)
+        if columns is None:  # shared by the columns: one hash per position for all of them
+            start = b * self.BLOCK
+            columns = self._blocks[b] = self._make(start, min(start + self.BLOCK, self._n))
+        return columns[self._column]
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._n)
+            if step != 1:
+                return [self[i] for i in range(start, stop, step)]
+            out: list[Any] = []
+            while start < stop:
+                b, offset = divmod(start, self.BLOCK)
+                values = self._block(b)[offset : offset + stop - start]
+                out += values
+                start += len(values)
+            return out
+        if index < 0:
+            index += self._n
+        if not 0 <= index < self._n:
+            raise IndexError("generation position out of range")
+        b, offset = divmod(index, self.BLOCK)
+        return self._block(b)[offset]
+
+    def __iter__(self) -> Iterator[Any]:
+        for b in range(-(-self._n // self.BLOCK)):
+            yield from self._block(b)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and len(other) == self._n and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 def synthetic_generation(
     rid: str,
     n: int,
@@ -140,27 +189,33 @@ def synthetic_generation(
     null_logprob_every: int = 0,
     text_pieces: Sequence[str] = TEXT_PIECES,
 ) -> Generation:
-    """A deterministic generation of ``n`` tokens for ``rid``; token i never depends on ``n``."""
-    pos = np.arange(n, dtype=np.uint64)
-    h = _hash_u64(seed, rid, 1, pos)
-    ids = (h % np.uint64(vocab)).astype(np.int64)
-    # float32 logprobs widened to double, as SGLang's .tolist() does: 17-digit reprs, e-notation.
-    scale = ((h >> np.uint64(20)) % np.uint64(1_000_000)).astype(np.float64) / 1e6
-    exponent = ((h >> np.uint64(40)) % np.uint64(9)).astype(np.float64)
-    lp32 = (-(scale * 10.0**-exponent)).astype(np.float32)
-    logprobs: list[float | None] = [float(x) for x in lp32.astype(np.float64)]
-    if null_logprob_every:
-        for i in range(0, n, null_logprob_every):
-            logprobs[i] = None
-    texts = [text_pieces[int(t) % len(text_pieces)] for t in ids]
-    rows = None
-    if top_p:
-        h2 = _hash_u64(seed, rid, 2, pos)
+    """A deterministic generation of ``n`` tokens for ``rid``; token i never depends on ``n``.
+    Tokens, log-probs, texts and top-p rows are computed on first read, a block at a time."""
+
+    def block(start: int, stop: int) -> tuple[list[Any], ...]:
+        pos = np.arange(start, stop, dtype=np.uint64)
+        h = _hash_u64(seed, rid, 1, pos)
+        ids = (h % np.uint64(vocab)).astype(np.int64)
+        # float32 logprobs widened to double, as SGLang's .tolist() does: 17-digit reprs, e-notation.
+        scale = ((h >> np.uint64(20)) % np.uint64(1_000_000)).astype(np.float64) / 1e6
+        exponent = ((h >> np.uint64(40)) % np.uint64(9)).astype(np.float64)
+        lp32 = (-(scale * 10.0**-exponent)).astype(np.float32)
+        logprobs: list[float | None] = [float(x) for x in lp32.astype(np.float64)]
+        if null_logprob_every:
+            for i in range(-start % null_logprob_every, stop - start, null_logprob_every):
+                logprobs[i] = None
+        texts = [text_pieces[int(t) % len(text_pieces)] for t in ids]
         rows = []
-        for i in range(n):
-            width = int(h2[i] % np.uint64(4))
-            extra = [int((h2[i] >> np.uint64(8 + 12 * j)) % np.uint64(vocab)) for j in range(width)]
-            rows.append(sorted({int(ids[i]), *extra}))
+        if top_p:
+            h2 = _hash_u64(seed, rid, 2, pos)
+            for i in range(stop - start):
+                width = int(h2[i] % np.uint64(4))
+                extra = [int((h2[i] >> np.uint64(8 + 12 * j)) % np.uint64(vocab)) for j in range(width)]
+                rows.append(sorted({int(ids[i]), *extra}))
+        return [int(t) for t in ids], logprobs, texts, rows
+
+    blocks: dict[int, tuple[list[Any], ...]] = {}
+    token_ids, logprobs, texts, rows = (_Positions(n, blocks, block, column) for column in range(4))
     routed = None
     if expert_shape is not None:
         layers, topk = expert_shape
@@ -176,15 +231,15 @@ def synthetic_generation(
         positions = np.arange(1, count + 1, dtype=np.uint64).reshape(count, 1, 1)
         indexer = (h4 % positions).astype(np.int32)
     if finish_reason is None:
-        finish_reason = {"type": "stop", "matched": int(ids[-1])} if n else {"type": "length", "length": 0}
+        finish_reason = {"type": "stop", "matched": token_ids[-1]} if n else {"type": "length", "length": 0}
     return Generation(
         rid=rid,
         prompt_tokens=prompt_tokens,
-        token_ids=[int(t) for t in ids],
+        token_ids=token_ids,
         logprobs=logprobs,
         token_texts=texts,
         finish_reason=finish_reason,
-        top_p_rows=rows,
+        top_p_rows=rows if top_p else None,
         routed_experts=routed,
         indexer_topk=indexer,
         routed_start=routed_start,
