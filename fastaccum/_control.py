@@ -24,13 +24,14 @@ import httptools
 import orjson
 
 from fastaccum._http import header_lines, status_error
-from fastaccum.errors import ServerError, StreamConnectionError
+from fastaccum.errors import ServerError, StreamConnectionError, StreamError, StreamTimeoutError
 
-__all__ = ("PARALLEL", "AbortSender", "VllmAbortSender", "Drain", "worker_urls", "vllm_ids")
+__all__ = ("PARALLEL", "AbortSender", "VllmAbortSender", "Drain", "worker_urls")
 
 # Connections per server for one batch of aborts.
 PARALLEL = 4
-# A control request that takes longer than this has failed: the stream is cut instead.
+# A control request that takes longer than this, or than the longest drain deadline of its batch
+# (a loaded server answers late, and its streams wait that long anyway), has failed.
 CONTROL_TIMEOUT_S = 10.0
 
 
@@ -78,16 +79,16 @@ class _Server:
             data,
         )
 
-    async def exchange(self, requests: list[bytes]) -> list[_Reply]:
+    async def exchange(self, requests: list[bytes], timeout: float = CONTROL_TIMEOUT_S) -> list[_Reply]:
         """Send the requests one after another on one keep-alive connection (a new one where the
-        server closed it); the replies in order. Each exchange has CONTROL_TIMEOUT_S: a long batch
-        on a loaded server is slow as a whole, not stuck."""
+        server closed it); the replies in order. Each exchange has ``timeout``: a long batch on a
+        loaded server is slow as a whole, not stuck."""
         replies: list[_Reply] = []
         reader: asyncio.StreamReader | None = None
         writer: asyncio.StreamWriter | None = None
         try:
             for request in requests:
-                async with asyncio.timeout(CONTROL_TIMEOUT_S):
+                async with asyncio.timeout(timeout):
                     if writer is None or reader is None or reader.at_eof():
                         if writer is not None:
                             writer.close()
@@ -104,7 +105,7 @@ class _Server:
                     writer = None
                 replies.append(reply)
         except TimeoutError:
-            raise StreamConnectionError(f"{self.url} did not answer within {CONTROL_TIMEOUT_S} s") from None
+            raise StreamConnectionError(f"{self.url} did not answer within {timeout} s") from None
         except (OSError, httptools.HttpParserError) as exc:
             raise StreamConnectionError(f"control request to {self.url} failed: {exc}") from None
         finally:
@@ -114,26 +115,52 @@ class _Server:
 
 
 class Drain:
-    """One stream's drain abort: the abort request, and the deadline after which ``cut()`` runs."""
+    """One stream's drain abort: the abort request, and the deadline after which ``cut()`` runs.
+    ``error`` says why a drain fell back to a cut, whenever it did."""
 
-    def __init__(self, sender: AbortSender, rid: str | None, seconds: float, cut: Callable[[], None]) -> None:
-        self._sender, self._rid, self._seconds, self._cut = sender, rid, seconds, cut
+    def __init__(self, sender: AbortSender, seconds: float, cut: Callable[[], None]) -> None:
+        self._sender, self._seconds, self._cut = sender, seconds, cut
         self._timer: asyncio.TimerHandle | None = None
-        self.error: BaseException | None = None  # why the abort could not be sent
+        self._ids: tuple[str, ...] = ()
+        self.error: BaseException | None = None
 
-    def start(self) -> None:
-        if self._rid is None:
+    def start(self, ids: tuple[str, ...]) -> None:
+        """Ask the server to abort the request it runs under ``ids``; cut at the deadline."""
+        if not ids:
+            self.error = StreamError(
+                "the request has no id of its own (a batch's list of ids): it cannot be aborted alone"
+            )
             self._cut()
             return
-        self._timer = asyncio.get_running_loop().call_later(self._seconds, self._cut)
-        self._sender.add(self._rid, self._failed)
+        self._ids = ids
+        self._timer = asyncio.get_running_loop().call_later(self._seconds, self._expired)
+        self._sender.add(ids, self._failed, self._seconds)
+
+    def resend(self, ids: tuple[str, ...]) -> None:
+        """The abort again, once the first event shows that the server holds the request: sent
+        before that, it may have arrived first, and SGLang and vLLM ignore an id they do not hold
+        (a second abort of a held id is a no-op on both)."""
+        if self._timer is not None:
+            self._ids = ids
+            self._sender.add(ids, self._failed, self._seconds)
 
     def cancel(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
 
+    def _expired(self) -> None:
+        self._timer = None
+        self.error = StreamTimeoutError(
+            f"the server did not end request {self._ids[0]} within abort_drain_s={self._seconds} s of its abort: "
+            "the stream was cut"
+        )
+        self._cut()
+
     def _failed(self, exc: BaseException) -> None:
+        if self._timer is None:  # the stream already ended: nothing to fall back from
+            return
+        self.cancel()
         self.error = exc
         self._cut()
 
@@ -160,14 +187,18 @@ class AbortSender:
         self._base = _Server(base_url, extra_headers)
         self._router: bool | None = None  # None until the first abort says which
         self._pending: dict[str, Callable[[BaseException], None]] = {}
+        self._timeout = CONTROL_TIMEOUT_S  # the pending batch's
         self._tasks: set[asyncio.Task[None]] = set()
         self.sent = 0  # abort requests sent (each worker's count once); benchmarks read it
 
-    def add(self, rid: str, failed: Callable[[BaseException], None]) -> None:
-        """Abort ``rid`` on its server; ``failed(exc)`` if that cannot be done."""
+    def add(self, ids: tuple[str, ...], failed: Callable[[BaseException], None], deadline_s: float) -> None:
+        """Abort the request its server knows by ``ids``; ``failed(exc)`` if that cannot be done.
+        ``deadline_s``: how long its stream waits for the abort to take."""
         if not self._pending:
             asyncio.get_running_loop().call_soon(self._flush)
-        self._pending[rid] = failed
+        for name in ids:
+            self._pending[name] = failed
+        self._timeout = max(self._timeout, deadline_s)
 
     def close(self) -> None:
         for task in self._tasks:
@@ -175,45 +206,46 @@ class AbortSender:
 
     def _flush(self) -> None:
         batch, self._pending = self._pending, {}
+        timeout, self._timeout = self._timeout, CONTROL_TIMEOUT_S
         if batch:
-            task = asyncio.get_running_loop().create_task(self._send(batch))
+            task = asyncio.get_running_loop().create_task(self._send(batch, timeout))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _send(self, batch: dict[str, Callable[[BaseException], None]]) -> None:
+    async def _send(self, batch: dict[str, Callable[[BaseException], None]], timeout: float) -> None:
         try:
             rids = list(batch)
             if self._router is None:  # the first abort says which: one rid asked, the rest wait
-                replies = await self._post(self._base, rids[:1])
+                replies = await self._post(self._base, rids[:1], timeout)
                 self._router = replies[0].status in (404, 405)  # a router lists the workers instead
                 if not self._router:
                     _check(self._base, replies)
                     rids = rids[1:]
             if not self._router:
                 if rids:
-                    _check(self._base, await self._post(self._base, rids))
+                    _check(self._base, await self._post(self._base, rids, timeout))
                 return
             workers = await self._workers()
-            await asyncio.gather(*(self._post_checked(worker, rids) for worker in workers))
+            await asyncio.gather(*(self._post_checked(worker, rids, timeout) for worker in workers))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            for failed in batch.values():
+            for failed in set(batch.values()):
                 failed(exc)
 
-    async def _post(self, server: _Server, rids: Iterable[str]) -> list[_Reply]:
+    async def _post(self, server: _Server, rids: Iterable[str], timeout: float) -> list[_Reply]:
         requests = [server.request("POST", "/abort_request", {"rid": rid}) for rid in rids]
         if not requests:
             return []
         share = -(-len(requests) // PARALLEL)
         parts = await asyncio.gather(
-            *(server.exchange(requests[i : i + share]) for i in range(0, len(requests), share))
+            *(server.exchange(requests[i : i + share], timeout) for i in range(0, len(requests), share))
         )
         self.sent += len(requests)
         return [reply for part in parts for reply in part]
 
-    async def _post_checked(self, server: _Server, rids: Iterable[str]) -> None:
-        _check(server, await self._post(server, rids))
+    async def _post_checked(self, server: _Server, rids: Iterable[str], timeout: float) -> None:
+        _check(server, await self._post(server, rids, timeout))
 
     async def _workers(self) -> list[_Server]:
         (reply,) = await self._base.exchange([self._base.request("GET", "/workers")])
@@ -228,43 +260,47 @@ class AbortSender:
 
 
 class VllmAbortSender(AbortSender):
-    """vLLM's aborts: one ``POST {"request_ids": [...]}`` per batch, to the first of vLLM's two
-    paths the server has (None once it is known to have neither)."""
+    """vLLM's aborts: one ``POST {"request_ids": [...]}`` per batch and server, to the first of
+    vLLM's two paths the server has (none once it is known to have neither). Behind a router,
+    to each worker it lists: vllm-router takes the abort path too, but hands it to one worker of
+    its own choosing, not to the one running the request. The first abort finds out which
+    (``GET /workers``, which vLLM itself does not serve)."""
 
     _PATHS = ("/inference/v1/abort_requests", "/abort_requests")
 
     def __init__(self, base_url: str, extra_headers: bytes = b"") -> None:
         super().__init__(base_url, extra_headers)
-        self._paths: tuple[str, ...] = self._PATHS
+        self._targets: list[_Server] | None = None  # the server, or a router's workers
+        self._paths: dict[str, tuple[str, ...]] = {}  # by server: the path it has, () for neither
 
-    async def _send(self, batch: dict[str, Callable[[BaseException], None]]) -> None:
+    async def _send(self, batch: dict[str, Callable[[BaseException], None]], timeout: float) -> None:
         try:
-            for path in self._paths:
-                request = self._base.request("POST", path, {"request_ids": vllm_ids(batch)})
-                (reply,) = await self._base.exchange([request])
-                self.sent += 1
-                if reply.status not in (404, 405):
-                    self._paths = (path,)
-                    _check(self._base, [reply], path)
-                    return
-            self._paths = ()
-            raise ServerError(
-                f"{self._base.url} has neither {' nor '.join(self._PATHS)} (vLLM before 0.32 without "
-                "--tokens-only): its requests are aborted by closing the connection",
-                status=404,
-            )
+            if self._targets is None:
+                (reply,) = await self._base.exchange([self._base.request("GET", "/workers")])
+                urls = worker_urls(bytes(reply.body)) if reply.status == 200 else []
+                self._targets = [_Server(url) for url in urls] or [self._base]
+            ids = list(batch)
+            await asyncio.gather(*(self._abort_on(server, ids, timeout) for server in self._targets))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            for failed in batch.values():
+            for failed in set(batch.values()):
                 failed(exc)
 
-
-def vllm_ids(rids: Iterable[str]) -> list[str]:
-    """The ids vLLM's abort knows a request by: its generate handler runs it as
-    ``generate-tokens-<request_id>``, the id its chunks carry; the bare id too, for servers that
-    keep it (an id nothing runs under is ignored)."""
-    return [name for rid in rids for name in (f"generate-tokens-{rid}", rid)]
+    async def _abort_on(self, server: _Server, ids: list[str], timeout: float) -> None:
+        for path in self._paths.get(server.url, self._PATHS):
+            (reply,) = await server.exchange([server.request("POST", path, {"request_ids": ids})], timeout)
+            self.sent += 1
+            if reply.status not in (404, 405):
+                self._paths[server.url] = (path,)
+                _check(server, [reply], path)
+                return
+        self._paths[server.url] = ()
+        raise ServerError(
+            f"{server.url} has neither {' nor '.join(self._PATHS)} (vLLM before 0.32 without "
+            "--tokens-only): its requests are aborted by closing the connection",
+            status=404,
+        )
 
 
 def _check(server: _Server, replies: list[_Reply], path: str = "/abort_request") -> None:

@@ -28,6 +28,7 @@ from fastaccum._messages import (
     not_an_object,
     npy_shape,
     server_error,
+    text_logprobs,
     wrong_dialect,
     wrong_type,
 )
@@ -49,6 +50,7 @@ __all__ = (
     "DialectRequest",
     "check_dialect",
     "request_for",
+    "vllm_abort_ids",
     "TOKEN_IDS",
     "read_chunk",
     "chunk_meta",
@@ -74,6 +76,7 @@ class DialectRequest(NamedTuple):
     rid: str | None  # the request's id (None: a batch's list, which cannot be aborted alone)
     body: Mapping[str, Any]  # the JSON body, "stream": true included
     drains: bool  # the server may have a per-request abort to read on after (tried, not assumed)
+    abort_ids: tuple[str, ...]  # what the server's abort knows the request by (none: it cannot be named)
 
 
 _PATHS = {SGLANG: "/generate", DYNAMO: "/generate", VLLM: "/inference/v1/generate"}
@@ -85,11 +88,17 @@ def check_dialect(dialect: object) -> None:
         raise bad_option("dialect", dialect)
 
 
-def request_for(dialect: str, payload: Mapping[str, Any], new_id: Callable[[], str] | None) -> DialectRequest:
+def request_for(
+    dialect: str,
+    payload: Mapping[str, Any],
+    new_id: Callable[[], str] | None,
+    headers: Mapping[str, str] | None = None,
+) -> DialectRequest:
     """The request for ``payload`` (the server's own request keys): its id (the payload's, else
     ``new_id()`` added to it; None: none added) and the keys streaming needs. vLLM counts the
     tokens it sends only in a usage chunk, which ``stream_options.include_usage`` asks for: the
-    accumulator checks it."""
+    accumulator checks it. ``headers``: the request's HTTP headers, for the id vLLM runs it under
+    (an ``X-Request-Id`` replaces the body's)."""
     check_dialect(dialect)
     if dialect == VLLM and "token_ids" not in payload and ("input_ids" in payload or "text" in payload):
         given = "input_ids" if "input_ids" in payload else "text"
@@ -105,8 +114,21 @@ def request_for(dialect: str, payload: Mapping[str, Any], new_id: Callable[[], s
     if dialect == VLLM:
         options = body.get("stream_options")
         body["stream_options"] = {**(options if isinstance(options, Mapping) else {}), "include_usage": True}
+    rid = rid if isinstance(rid, str) else None
+    abort_ids: tuple[str, ...] = () if rid is None else (rid,)
+    if dialect == VLLM:
+        header = next((v for k, v in (headers or {}).items() if k.lower() == "x-request-id"), None)
+        abort_ids = vllm_abort_ids(header if header is not None else rid)
     # Dynamo has no abort endpoint; vLLM has one from 0.32 (and with --tokens-only before).
-    return DialectRequest(_PATHS[dialect], rid if isinstance(rid, str) else None, body, dialect != DYNAMO)
+    return DialectRequest(_PATHS[dialect], rid, body, dialect != DYNAMO, abort_ids)
+
+
+def vllm_abort_ids(request_id: str | None) -> tuple[str, ...]:
+    """The ids vLLM's abort knows a request by: its generate handler runs it as
+    ``generate-tokens-<id>`` (the id its chunks carry), where the id is the ``X-Request-Id``
+    header's when the request has one, else the body's ``request_id``; the bare id too, for
+    servers that keep it (an id nothing runs under is ignored)."""
+    return () if request_id is None else (f"generate-tokens-{request_id}", request_id)
 
 
 # ---- vLLM's chunks (both twins' orjson path) ---------------------------------------------------
@@ -367,6 +389,8 @@ def read_chunk_logprobs(index: int, value: object) -> tuple[list[int], list[floa
             digits = name[9:] if type(name) is str and name.startswith("token_id:") else ""
             token = int(digits) if 0 < len(digits) <= 10 and digits.isascii() and digits.isdigit() else name
         if type(token) is not int or not 0 <= token < TOKEN_ID_LIMIT:
+            if type(token) is str:
+                raise text_logprobs(index, f"{CHUNK_LOGPROBS}.content[{i}].token", token)
             raise bad_token_id(index, f"{CHUNK_LOGPROBS}.content[{i}].token_id", token)
         logprob = item.get("logprob")
         if type(logprob) is float:

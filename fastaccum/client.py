@@ -25,7 +25,7 @@ from types import EllipsisType
 from typing import TYPE_CHECKING, Any
 
 from fastaccum._control import AbortSender, Drain, VllmAbortSender
-from fastaccum._dialects import check_dialect, request_for
+from fastaccum._dialects import VLLM, check_dialect, request_for
 from fastaccum._http import (
     Body,
     BodyFraming,
@@ -90,16 +90,18 @@ class ClientStream(StreamConsumer):
         dialect: str,
         **core: Any,  # the accumulator's options: mode, expert_shape, max_event_bytes, indexer_shape
     ) -> None:
-        request = request_for(dialect, payload, client._new_rid)
+        request = request_for(dialect, payload, client._new_rid, {**client._header_fields, **(headers or {})})
         super().__init__(None, routed_start=routed_start_of(payload), dialect=dialect, **core)
         self._client = client
         path = request.path if path is None else path
         self._url = client.base_url + path
         self.rid = request.rid
+        self._abort_ids = request.abort_ids
+        self._vllm = dialect == VLLM
         self._request = request_bytes(client._prefix + path, client._headers, request.body, headers)
         # Dynamo has no per-request abort to drain after: its abort is the disconnect.
         self._drain = (
-            Drain(client._aborts_for(dialect), self.rid, abort_drain_s, self._cut)
+            Drain(client._aborts_for(dialect), abort_drain_s, self._cut)
             if abort_drain_s is not None and request.drains
             else None
         )
@@ -128,7 +130,7 @@ class ClientStream(StreamConsumer):
         )
 
     def _stamped(self, result: StreamResult) -> StreamResult:
-        return dataclasses.replace(result, timing=self.timing)
+        return dataclasses.replace(result, timing=self.timing, request_sent=bool(self._clock.sent))
 
     # ---- request -------------------------------------------------------------------------------
     async def _read(self) -> StreamResult:
@@ -170,16 +172,28 @@ class ClientStream(StreamConsumer):
         if self._abort_requested:
             return
         self._abort_requested = True
+        # Not yet written (waiting for a connection): the server never sees it, nothing to drain.
         if self._drain is None or not self._clock.sent or self._waiter is None or self._waiter.done():
             self._cut()
             return
-        self._drain.start()
+        self._drain.start(self._server_ids())
         self._pacer.window = 0.0  # the terminal event is read as it arrives, not a window later
         self._resume_reading()
 
     @property
-    def abort_error(self) -> BaseException | None:  # why a drain abort fell back to a cut
+    def abort_error(self) -> BaseException | None:
+        """Why a drain abort fell back to a cut (None: it did not)."""
         return self._drain.error if self._drain is not None else None
+
+    def _server_ids(self) -> tuple[str, ...]:
+        """The ids the server's abort knows this request by; for vLLM, also the id its chunks carry
+        (what it runs the request under, whatever rewrote it on the way)."""
+        ids = self._abort_ids
+        if self._vllm and self._events:
+            carried = self._accumulator.snapshot().meta_info.get("request_id")
+            if isinstance(carried, str) and carried not in ids:
+                ids = (carried, *ids)
+        return ids
 
     # ---- receivers (loop callbacks) ------------------------------------------------------------
     def _on_head(self, data: memoryview) -> None:
@@ -241,6 +255,9 @@ class ClientStream(StreamConsumer):
             return
         if count:
             self._events += count
+            if self._events == count and self._abort_requested and self._drain is not None:
+                if not self._accumulator.finished:  # the first events: the server holds the request now
+                    self._drain.resend(self._server_ids())
             self._clock.events_read(stamp, self._accumulator)
         if self._accumulator.chunked_ended if self._chunked else self._body.ended(False):
             self._complete()
@@ -379,7 +396,8 @@ class Client:
         self._connect_timeout = connect_timeout
         self._coalesce_ms = coalesce_ms
         self._abort_drain_s = abort_drain_s
-        self._abort_headers = header_lines(headers or {})
+        self._header_fields = dict(headers or {})
+        self._abort_headers = header_lines(self._header_fields)
         self._aborts: dict[str, AbortSender] = {}  # by dialect, made on first use
         self._rid_prefix = f"fa-{uuid.uuid4().hex[:12]}-"
         self._rids = itertools.count()

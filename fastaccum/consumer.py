@@ -155,7 +155,7 @@ class StreamConsumer:
             raise RuntimeError("run() can be awaited only once per stream")
         self._started = True
         if self._abort_requested:  # aborted before it started: nothing was sent or read
-            return self.snapshot()
+            return dataclasses.replace(self.snapshot(), request_sent=False)
         task = asyncio.current_task()
         if task is None:
             raise RuntimeError("run() must be awaited inside an asyncio task")

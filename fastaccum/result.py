@@ -44,7 +44,8 @@ class StreamResult:
     storage itself (no copy) in the result of finish(). ``logprobs`` is NaN where
     the server sent ``null``; ``text``, ``logprobs``, top-p and routed experts are None when the
     stream carried none. ``meta_info`` is the newest event's meta_info without the token-aligned
-    lists and the decoded base64 arrays.
+    lists and the decoded base64 arrays. ``request_sent`` is False only for a request aborted
+    before a transport wrote it: the server never saw it.
     """
 
     mode: str
@@ -61,6 +62,7 @@ class StreamResult:
     aborted: bool = False
     timing: StreamTiming | None = None  # set by fastaccum.Client; None from the core
     indexer_topk: npt.NDArray[np.int32] | None = None
+    request_sent: bool = True
 
     @property
     def finished(self) -> bool:
@@ -69,12 +71,12 @@ class StreamResult:
 
     @property
     def replay_complete(self) -> bool:
-        """The result holds the request's terminal event: a normal finish, or an abort whose
-        terminal event was read (``Client``'s drain abort). Routed experts, top-p rows and the
-        indexer top-k come only in that event, so when this is False they are missing whatever
-        the server collected; when it is True they are what the server sent (none for a request
-        aborted before it ran)."""
-        return self.finish_reason is not None
+        """The result holds everything the server has for the request: its terminal event was
+        read (a normal finish, or a drained abort), or the request was never sent (nothing exists
+        to replay). Routed experts, top-p rows and the indexer top-k come only in the terminal
+        event, so when this is False they are missing whatever the server collected; when it is
+        True they are what the server sent (none for a request aborted before it ran)."""
+        return self.finish_reason is not None or not self.request_sent
 
     def __len__(self) -> int:
         return int(self.token_ids.shape[0])

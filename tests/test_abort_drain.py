@@ -20,7 +20,7 @@ from aiohttp import web
 from client_helpers import PROMPT, abort_after, abort_together, assert_matches, payload, run
 
 import fastaccum
-from fastaccum import ServerError, StreamResult
+from fastaccum import ServerError, StreamResult, StreamTimeoutError
 from fastaccum._control import PARALLEL
 from fastaccum.emulator import ABORT_REASON, Emulator
 
@@ -172,7 +172,7 @@ def test_the_deadline_cuts_a_drain_the_server_never_ends(twin: ModuleType) -> No
     emulator = Emulator(token_rate=2000)
     emulator.abort = lambda *args, **kwargs: 0  # type: ignore[method-assign]  # answers 200, aborts nothing
 
-    async def main() -> tuple[StreamResult, float]:
+    async def main() -> tuple[StreamResult, float, Any]:
         async with emulator as url, fastaccum.Client(url, abort_drain_s=0.3) as client:
             stream = client.stream(payload("dl-1", 1_000_000))
             task = asyncio.ensure_future(stream.run())
@@ -183,12 +183,86 @@ def test_the_deadline_cuts_a_drain_the_server_never_ends(twin: ModuleType) -> No
             result = await task
             elapsed = loop.time() - started
             await wait_until(lambda: emulator.stats.disconnects == 1 and emulator.running == 0)
-            return result, elapsed
+            return result, elapsed, stream.abort_error
 
-    result, elapsed = run(main())
+    result, elapsed, error = run(main())
     assert result.aborted and not result.replay_complete and not result.finished
     assert elapsed >= 0.3  # it waited for the terminal event until the deadline
     assert_matches(emulator, "dl-1", result)
+    assert isinstance(error, StreamTimeoutError)
+    assert str(error) == (
+        "the server did not end request dl-1 within abort_drain_s=0.3 s of its abort: the stream was cut"
+    )
+
+
+# ---- an abort before the server answered ------------------------------------------------------
+
+
+class HeldRequests(AbortCountingEmulator):
+    """A server that takes a while to pick up each /generate request (a loaded machine): until
+    ``release`` is set, the request is on the wire but the server does not hold its rid yet, so an
+    abort that arrives then finds nothing to abort (as SGLang's and vLLM's abort do)."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.release = asyncio.Event()
+
+    def make_app(self) -> web.Application:
+        app = super().make_app()
+
+        @web.middleware
+        async def hold(request: web.Request, handler: Any) -> web.StreamResponse:
+            if request.path == "/generate":
+                await self.release.wait()
+            return await handler(request)
+
+        app.middlewares.insert(0, hold)
+        return app
+
+
+def test_an_abort_sent_before_the_server_holds_the_request_is_sent_again_at_its_first_event(
+    twin: ModuleType,
+) -> None:
+    emulator = HeldRequests(token_rate=2000)
+
+    async def main() -> tuple[StreamResult, Any]:
+        async with emulator as url, fastaccum.Client(url, abort_drain_s=10) as client:
+            stream = client.stream(payload("early-1", 1_000_000))
+            task = asyncio.ensure_future(stream.run())
+            await wait_until(lambda: stream.timing is not None)  # written
+            stream.abort()
+            await wait_until(lambda: emulator.abort_rids == ["early-1"])  # it found nothing to abort
+            emulator.release.set()
+            result = await task
+            await wait_until(lambda: emulator.running == 0)
+            return result, stream.abort_error
+
+    result, error = run(main())
+    assert error is None and emulator.abort_rids == ["early-1", "early-1"]
+    assert result.aborted and result.replay_complete and result.finish_reason == ABORT_REASON
+    assert emulator.stats.disconnects == 0
+    assert_matches(emulator, "early-1", result)
+
+
+def test_an_abort_before_the_request_is_written_says_the_server_never_saw_it(twin: ModuleType) -> None:
+    emulator = AbortCountingEmulator(token_rate=2000)
+
+    async def main() -> tuple[StreamResult, Any]:
+        # One connection: the second stream waits for it, its request not yet written.
+        async with emulator as url, fastaccum.Client(url, max_connections=1, abort_drain_s=LONG) as client:
+            first = client.stream(payload("busy-1", 40))
+            waiting = client.stream(payload("never-1", 40))
+            tasks = [asyncio.ensure_future(first.run()), asyncio.ensure_future(waiting.run())]
+            await asyncio.sleep(0)
+            waiting.abort()
+            done = await asyncio.gather(*tasks)
+            return done[1], waiting.abort_error
+
+    result, error = run(main())
+    assert result.aborted and not result.request_sent and not result.finished
+    assert result.replay_complete  # nothing exists on the server to replay
+    assert len(result) == 0 and result.timing is None and error is None
+    assert "never-1" not in emulator.rids and not emulator.abort_rids
 
 
 class NoAbortEndpoint(Emulator):

@@ -91,6 +91,7 @@ def test_stream_result_fields() -> None:
         "aborted",
         "timing",
         "indexer_topk",
+        "request_sent",
     ]
 
 

@@ -184,6 +184,28 @@ def test_vllm_client_abort_drains_through_the_servers_abort_endpoint(twin: Any, 
     assert {path: n for path, n in emulator.stats.calls.items() if "abort" in path} == tried[shape]
 
 
+@pytest.mark.parametrize("where", ["stream", "client"])
+def test_vllm_drain_aborts_the_id_an_x_request_id_header_runs_the_request_under(twin: Any, where: str) -> None:
+    """vLLM runs a request under its X-Request-Id header's id, not the body's request_id: the drain
+    names that one, so the server ends the request with its abort chunk (not the deadline's cut)."""
+    emulator = Emulator(dialect="vllm", token_rate=RATE)
+    header = {"X-Request-Id": "hdr-1"}
+
+    async def main() -> tuple[StreamResult, Any]:
+        client_headers, stream_headers = (header, None) if where == "client" else (None, header)
+        async with emulator as url, Transport("client").open(url, headers=client_headers, abort_drain_s=5) as make:
+            stream = stream_of(make, "vllm", body_for("vllm", "body-1", LONG), headers=stream_headers)
+            result = await abort_after(stream, 5)
+            await wait_until(lambda: emulator.running == 0)
+            return result, stream.abort_error
+
+    result, error = run(main())
+    assert error is None
+    assert result.aborted and result.replay_complete and result.finish_reason == {"type": "abort"}
+    assert result.meta_info["request_id"] == VLLM_ID_PREFIX + "hdr-1"
+    assert emulator.stats.aborted == 1 and emulator.stats.disconnects == 0
+
+
 # ---- how each server ends a stream early ----------------------------------------------------------
 
 DYNAMO_ENDS = {

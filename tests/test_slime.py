@@ -82,4 +82,6 @@ def test_request_abort_through_the_real_router(line: str) -> None:
             proc.wait(10)
     assert all(s.status == env.Sample.Status.ABORTED and s.response_length > 0 for s in samples)
     assert first.server_wide_aborts == second.server_wide_aborts == 0
-    assert first.aborted_rids == second.aborted_rids and len(first.aborted_rids) == len(samples)
+    # Each sample's rid to both workers (a stream with no event yet at the abort is named again at
+    # its first event: the server may not have held it when the first abort arrived).
+    assert set(first.aborted_rids) == set(second.aborted_rids) and len(set(first.aborted_rids)) == len(samples)

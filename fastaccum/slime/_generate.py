@@ -84,7 +84,7 @@ generate.abort_mode = "request"  # type: ignore[attr-defined]  # the marker slim
 def _commit(args: Any, sample: Any, state: Any, result: StreamResult) -> None:
     """A cut prefix as such; anything that ends with the request's terminal event (a drained abort
     included) with its terminal bookkeeping, as a server-wide abort's chunk is."""
-    if result.aborted and not result.replay_complete:
+    if result.aborted and not result.finished:
         commit_prefix(args, sample, result, state.tokenizer)
     else:
         commit_terminal(args, sample, result, state.tokenizer)

@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 
-from fastaccum._control import vllm_ids
+from fastaccum._dialects import vllm_abort_ids
 from fastaccum._rollout import ModuleAbort, collect_groups, has_in_tree_request_abort, wait_until_idle
 from fastaccum.vime._modules import modules
 from fastaccum.vime._pools import CONTROL_TIMEOUT, registry, session
@@ -97,7 +97,7 @@ async def _cancel_cut_requests(args: Any, settings: Settings) -> None:
         if url not in state.cancel_endpoint:
             state.cancel_endpoint[url] = await _post_ok(http, url, [f"fastaccum-probe-{uuid.uuid4().hex}"])
         if state.cancel_endpoint[url]:
-            await _post_ok(http, url, vllm_ids(rids))
+            await _post_ok(http, url, [name for rid in rids for name in vllm_abort_ids(rid)])
 
 
 async def _post_ok(http: aiohttp.ClientSession, url: str, rids: list[str]) -> bool:
