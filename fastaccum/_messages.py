@@ -36,6 +36,7 @@ __all__ = (
     "npy_shape",
     "input_ended",
     "wrong_dialect",
+    "text_logprobs",
     "gateway_grpc",
     "logprobs_switched",
     "lengths_disagree",
@@ -257,6 +258,16 @@ def wrong_dialect(index: int, declared: str, seen: str) -> StreamFormatError:
         index,
         f"this event is {_SERVERS[seen]}'s shape, but the stream is read as dialect={declared!r} "
         f"({_SERVERS[declared]}); pass dialect={seen!r}",
+    )
+
+
+def text_logprobs(index: int, where: str, token: str) -> StreamFormatError:
+    """A vLLM log-prob item names its token by text: the request asked for ``output_mode: "text"``."""
+    return bad_format(
+        index,
+        f'{where} is the decoded token {token[:40]!r}, not an id: with output_mode "text" vLLM sends '
+        'log-probs by token text, and a rollout needs the ids; send output_mode "tokens" (the default), '
+        "or leave logprobs out of sampling_params to keep text mode",
     )
 
 

@@ -62,6 +62,30 @@ def test_a_vllm_stream_reads_to_the_tokens_logprobs_and_finish_reason(
     assert result.meta_info["usage"]["completion_tokens"] == 40
 
 
+def test_text_mode_log_probs_are_refused_on_the_first_chunk_naming_output_mode(impl: ModuleType) -> None:
+    """With output_mode "text" vLLM names each log-prob's token by its text (as vLLM 0.32 sends it):
+    a rollout needs ids, so the stream fails at once, saying what to send instead."""
+    item = {"token": "jol", "logprob": -1.5, "bytes": [106, 111, 108], "top_logprobs": []}
+    choice = {"index": 0, "finish_reason": None, "token_ids": [2558], "text": "jol", "logprobs": {"content": [item]}}
+    chunk = {"request_id": "generate-tokens-t", "usage": None, "output_mode": "text", "choices": [choice]}
+    acc = impl.StreamAccumulator(dialect="vllm")
+    with pytest.raises(StreamFormatError, match='event 0: .*token is the decoded token .jol.*output_mode "tokens"'):
+        acc.feed(b"data: " + orjson.dumps(chunk) + b"\n\n")
+    assert len(acc.snapshot()) == 0
+
+
+def test_text_mode_without_log_probs_reads_the_text(impl: ModuleType) -> None:
+    choices = [
+        {"index": 0, "finish_reason": None, "token_ids": [5], "text": "ab", "logprobs": None},
+        {"index": 0, "finish_reason": "length", "token_ids": [6], "text": "c", "logprobs": None},
+    ]
+    chunks = [{"request_id": "t", "output_mode": "text", "choices": [c]} for c in choices]
+    chunks.append({"request_id": "t", "output_mode": "text", "choices": [], "usage": {"completion_tokens": 2}})
+    data = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+    result = _accumulate(impl, data, dialect="vllm")
+    assert result.token_ids.tolist() == [5, 6] and result.text == "abc" and result.logprobs is None
+
+
 @pytest.mark.parametrize("raw", ["length", "abort"])
 def test_vllm_finish_reasons_take_sglangs_form(impl: ModuleType, raw: str) -> None:
     gen = synthetic_generation("r", 5, finish_reason={"type": raw})
