@@ -10,6 +10,7 @@ docs/core.md.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -211,6 +212,16 @@ class AccumulatorBase:
         return self._chunks is not None and bool(self._chunks.ended)
 
     # ---- results ------------------------------------------------------------------------
+
+    if TYPE_CHECKING:  # each twin's own, the per-event path
+
+        def feed(self, data: bytes | bytearray | memoryview, /) -> int: ...
+
+    def _feed_all(self, pieces: Iterable[bytes | bytearray | memoryview]) -> StreamResult:
+        """accumulate(): feed every piece, then finish()."""
+        for piece in pieces:
+            self.feed(piece)
+        return self.finish()
 
     def finish(self) -> StreamResult:
         """End of input: the final result, or StreamTruncatedError without a terminal event."""

@@ -1,17 +1,14 @@
-"""The accumulator's per-stream rules, written once and called by both twins.
+"""The accumulator's per-stream rules, written once and called by both twins (docs/core.md).
 
-What runs once per stream, on an event the compiled twin's scanner leaves to orjson (a terminal
-event, one carrying base64 arrays), or only on error lives here: the constructor and
-``feed()``/``finish()`` guards, the shape of a parsed event, the abort echo, top-p replay, routed
-experts and the fields of a result. The per-byte and per-event work stays in the twins
-(``fastaccum._py`` and ``fastaccum._cy``, which imports this module from Python); the class's
-once-per-stream methods that call these are fastaccum._base.AccumulatorBase. The rules are in
-docs/core.md.
+What runs once per stream, on an event the compiled twin's scanner leaves to orjson, or only on
+error: the guards of the constructor, ``feed()`` and ``finish()``, a parsed event's shape, the
+abort echo, top-p, routed experts and a result's fields. Per-byte and per-event work stays in the
+twins; fastaccum._base.AccumulatorBase is the class face that calls these.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -70,7 +67,6 @@ __all__ = (
     "decode_int32",
     "int32_array",
     "build_result",
-    "feed_all",
 )
 
 MODES = ("auto", "cumulative", "incremental")
@@ -263,10 +259,15 @@ def event_meta(index: int, obj: object, dialect: str = "sglang") -> dict[str, An
 
 
 def event_finish(index: int, meta: dict[str, Any]) -> tuple[dict[str, Any] | None, bool]:
-    """(finish_reason or None, whether the event is an abort echo)."""
+    """(finish_reason or None, whether the event is an abort echo). A 4xx abort is SGLang refusing a
+    streamed request (its one token a dummy): a ``ServerError``; a 5xx one keeps its prefix."""
     finish = meta.get("finish_reason")
     if finish is not None and type(finish) is not dict:
         raise wrong_type(index, "meta_info.finish_reason", "an object or null", finish)
+    if finish is not None and finish.get("type") == "abort":
+        status = finish.get("status_code")
+        if type(status) is int and 400 <= status < 500:
+            raise server_error(index, {"message": finish.get("message"), "code": status})
     echo = finish is not None and finish.get("type") == "abort" and "prompt_tokens" not in meta
     return finish, echo
 
@@ -590,11 +591,3 @@ def build_result(
         indexer_topk=replay.get("indexer_topk"),
         events=events,
     )
-
-
-def feed_all(accumulator: Any, pieces: Iterable[bytes | bytearray | memoryview]) -> StreamResult:
-    """accumulate(): feed every piece, then finish()."""
-    for piece in pieces:
-        accumulator.feed(piece)
-    result: StreamResult = accumulator.finish()
-    return result

@@ -23,7 +23,6 @@ from fastaccum._policy import (
     echo_start,
     end_event,
     event_counts,
-    feed_all,
     read_event,
     refused_feed,
 )
@@ -250,4 +249,4 @@ class StreamAccumulator(AccumulatorBase):
 
 def accumulate(pieces: Iterable[bytes | bytearray | memoryview], /, **kwargs: Any) -> StreamResult:
     """Feed every piece to a new StreamAccumulator(**kwargs), then finish()."""
-    return feed_all(StreamAccumulator(**kwargs), pieces)
+    return StreamAccumulator(**kwargs)._feed_all(pieces)

@@ -36,7 +36,6 @@ from fastaccum._policy import (
     echo_start,
     end_event,
     event_counts,
-    feed_all,
     read_event,
     refused_feed,
 )
@@ -446,4 +445,4 @@ class StreamAccumulator(_Core, AccumulatorBase):
 
 def accumulate(pieces, /, **kwargs):
     """Feed every piece to a new StreamAccumulator(**kwargs), then finish()."""
-    return feed_all(StreamAccumulator(**kwargs), pieces)
+    return StreamAccumulator(**kwargs)._feed_all(pieces)

@@ -11,7 +11,7 @@ import numpy as np
 import orjson
 import pytest
 
-from fastaccum.errors import StreamFormatError, StreamLengthError
+from fastaccum.errors import ServerError, StreamFormatError, StreamLengthError
 from fastaccum.wire import (
     WireOptions,
     coalesce,
@@ -201,6 +201,26 @@ def test_scheduler_echo_with_status_code_keeps_its_finish_reason(impl: ModuleTyp
     result = _run(impl, prefix_events(gen, opts, 2) + [echo])
     assert result.finish_reason == echo["meta_info"]["finish_reason"]
     assert result.token_ids.tolist() == list(gen.token_ids)
+
+
+# SGLang 0.5.23 refusing a streamed request (routed_experts_start_len past the prompt), as the live
+# server sent it: the prompt swapped for one dummy token, logprobs switched off for it.
+REFUSAL = (
+    b'data: {"text":" zan","output_ids":[1345],"meta_info":{"id":"r","finish_reason":{"type":"abort",'
+    b'"message":"recv_req.routed_experts_start_len=9 is higher than the number of input tokens '
+    b'len(req.origin_input_ids)=2. Please use a smaller routed_experts_start_len.","status_code":400,'
+    b'"err_type":"BadRequestError"},"prompt_tokens":1,"input_token_logprobs":[],"output_token_logprobs":[],'
+    b'"output_token_logprobs_length":0,"completion_tokens":1,"routed_experts":"AwAAAAcAAAAHAAAAAgAAAA=="}}\n\n'
+    b"data: [DONE]\n\n"
+)
+
+
+def test_an_abort_with_a_4xx_status_is_the_servers_refusal(impl: ModuleType) -> None:
+    acc = impl.StreamAccumulator()
+    with pytest.raises(ServerError, match=r"^event 0: server error 400: recv_req\.routed_experts_start_len=9 ") as info:
+        acc.feed(REFUSAL)
+    assert info.value.status == 400 and info.value.message.startswith("recv_req.routed_experts_start_len=9")
+    assert len(acc.snapshot()) == 0  # the dummy token is no prefix
 
 
 @pytest.mark.parametrize("incremental", [False, True], ids=["cumulative", "incremental"])
