@@ -15,6 +15,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="skip the tests of the compiled twin (fastaccum._cy)",
     )
+    parser.addoption(
+        "--live",
+        action="append",
+        default=[],
+        choices=["sglang", "vllm"],
+        help="run the live tier of this engine (tests/live; installs it on first use: docs/live.md)",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,0 +1,93 @@
+"""What the live tiers share: the engines module (tools/live/engines.py), the one running server,
+and plain HTTP for the servers' own answers."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+__all__ = ("MODEL", "LiveServers", "engines", "get_json", "goldens", "in_thread", "post_json", "post_raw")
+
+TOOLS = Path(__file__).resolve().parents[2] / "tools" / "live"
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+engines = _load("fastaccum_live_engines", TOOLS / "engines.py")
+sys.modules.setdefault("engines", engines)  # tools/live/goldens.py imports it by that name
+goldens = _load("fastaccum_live_goldens", TOOLS / "goldens.py")
+MODEL = engines.MODEL_NAME
+
+
+class LiveServers:
+    """The one running server, started on first use and replaced when a test needs another."""
+
+    def __init__(self) -> None:
+        self.current: Any = None
+        self.key: tuple[str, bool] | None = None
+        self.started: list[tuple[str, bool, float]] = []  # (engine, incremental, start seconds)
+
+    def get(self, engine: str, *, incremental: bool = False) -> Any:
+        key = (engine, incremental)
+        if self.current is not None and (
+            self.key != key or self.current.proc is None or self.current.proc.poll() is not None
+        ):
+            self.current.stop()
+            self.current = None
+        if self.current is None:
+            server = engines.Server(engine, incremental=incremental)
+            server.start()
+            self.current, self.key = server, key
+            self.started.append((engine, incremental, server.start_s))
+        return self.current
+
+    def close(self) -> None:
+        if self.current is not None:
+            self.current.stop()
+            self.current = None
+
+
+# ---- plain HTTP, for the servers' own answers -------------------------------------------------
+
+
+def post_json(url: str, body: dict[str, Any], *, headers: dict[str, str] | None = None, timeout: float = 300) -> Any:
+    """The server's non-streaming answer (the reference every stream is held to)."""
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json", **(headers or {})}
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+def post_raw(url: str, body: dict[str, Any], *, timeout: float = 300) -> tuple[int, bytes]:
+    """Status and body bytes, also for an error status (a captured stream, a refusal)."""
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def get_json(url: str, *, timeout: float = 30) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+async def in_thread(function: Any, *args: Any, **kwargs: Any) -> Any:
+    return await asyncio.to_thread(function, *args, **kwargs)
