@@ -48,8 +48,8 @@ SCENARIOS = {sc.name: sc for sc in scenarios.SCENARIOS}
 def _load_cases() -> list[tuple[str, str, dict[str, Any]]]:
     cases = []
     for manifest_path in sorted(GOLDEN.glob("*/manifest.json")):
-        if manifest_path.parent.name.startswith("vllm-"):
-            continue  # vLLM's own goldens: tests/test_golden_vllm.py
+        if manifest_path.parent.name.startswith(("vllm-", "live-")):
+            continue  # vLLM's own goldens and the live engines': test_golden_vllm.py, test_golden_live.py
         manifest = json.loads(manifest_path.read_text())
         for name, entry in manifest["scenarios"].items():
             cases.append((manifest["sglang_version"], name, entry))

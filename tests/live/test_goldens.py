@@ -1,0 +1,44 @@
+"""The engine-written goldens (tests/golden/live-*) are what the live engines write today.
+
+Each scenario's request is sent again to the running server; its body must be the committed one
+(SGLang's wall-clock timings aside: tools/live/goldens.py, ``comparable``). The fast tier replays
+the committed bodies on both twins (tests/test_golden_live.py); this is what keeps them true.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from live_helpers import goldens
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+
+
+def _manifest(engine: str) -> dict[str, Any]:
+    return dict(json.loads((goldens.folder(GOLDEN, engine) / "manifest.json").read_text()))
+
+
+def _check(engine: str, server: Any, key: str) -> None:
+    entry = _manifest(engine)["scenarios"][key]
+    request = {k: v for k, v in entry["request"].items() if k not in ("stream", "stream_options")}
+    status, body, answer_status, _ = goldens.fetch(engine, server.url, request)
+    committed = (goldens.folder(GOLDEN, engine) / entry["file"]).read_bytes()
+    assert (status, answer_status) == (entry["status"], entry["answer_status"])
+    assert goldens.comparable(body) == goldens.comparable(committed)
+    if engine == "vllm":
+        assert body == committed  # vLLM writes no timings: byte for byte
+
+
+@pytest.mark.live_vllm
+@pytest.mark.parametrize("name", sorted(goldens.SCENARIOS["vllm"]))
+def test_vllm_writes_its_committed_golden(vllm: Any, name: str) -> None:
+    _check("vllm", vllm, name)
+
+
+@pytest.mark.live_sglang
+@pytest.mark.parametrize("name", sorted(goldens.SCENARIOS["sglang"]))
+def test_sglang_writes_its_committed_golden(sglang: Any, sglang_mode: str, name: str) -> None:
+    _check("sglang", sglang, f"{sglang_mode[:3]}_{name}")
