@@ -1,6 +1,9 @@
 """Everyday developer sessions: ``nox -s fast`` while you work, ``nox -s full`` before you push.
 
     nox -s fast       both twins, no slow tests, no fuzzing, on every core (1.5 minutes of tests on 2)
+    nox -s busy       the same set, serially, beside a CPU-bound process (tools/busy.sh)
+    nox -s live_vllm  the live tier against a real vLLM 0.32 on the CPU (docs/live.md)
+    nox -s live_sglang  the live tier against a real SGLang 0.5.23 on the CPU (docs/live.md)
     nox -s lint       ruff (lint and format check) and mypy
     nox -s pure       the pure-Python build alone (FASTACCUM_NO_EXTENSIONS=1)
     nox -s sanitize   the core's suite and the fuzz corpus under AddressSanitizer + UBSan
@@ -44,6 +47,35 @@ def fast(session: nox.Session) -> None:
         env={"PYTHON": session.virtualenv.bin + "/python", **REQUIRED},
         external=True,
     )
+
+
+@nox.session(python=PYTHON)
+def busy(session: nox.Session) -> None:
+    """The fast set as CI runs it (serially), with a CPU-bound process on the other core: what a
+    shared machine does to timing. Nothing may fail for it."""
+    _install(session)
+    python = session.virtualenv.bin + "/python"
+    session.run(
+        "tools/busy.sh", "tools/fast_tests.sh", *session.posargs, env={"PYTHON": python, **REQUIRED}, external=True
+    )
+
+
+def _live(session: nox.Session, engine: str) -> None:
+    _install(session)
+    # The engine's own venv is installed on first use, outside the checkout (tools/live/engines.py).
+    session.run(
+        "python", "-P", "-m", "pytest", "tests/live", "--live", engine, "-p", "no:cacheprovider", *session.posargs
+    )
+
+
+@nox.session(python=PYTHON)
+def live_vllm(session: nox.Session) -> None:
+    _live(session, "vllm")
+
+
+@nox.session(python=PYTHON)
+def live_sglang(session: nox.Session) -> None:
+    _live(session, "sglang")
 
 
 @nox.session(python=PYTHON)

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole test run, on a clean checkout: a fresh venv, the package built with its compiled core
-# required, mypy, the tests of both twins, the benchmarks once (so they cannot rot), a minute of
-# fuzzing, the suite of the core under AddressSanitizer + UBSan, and then what users install: the
-# sdist and its repaired wheels for CPython 3.11 and 3.12, each tested in a fresh venv with the
-# sdist's fast tests (tools/build_wheels.sh). `.ci/run` runs exactly this.
+# required, mypy, the tests of both twins, the live tiers against real vLLM and SGLang servers on
+# the CPU, the benchmarks once (so they cannot rot), a minute of fuzzing, the suite of the core
+# under AddressSanitizer + UBSan, and then what users install: the sdist and its repaired wheels
+# for CPython 3.11 and 3.12, each tested in a fresh venv with the sdist's fast tests
+# (tools/build_wheels.sh). `.ci/run` runs exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export FASTACCUM_REQUIRE_EXTENSIONS=1  # the build fails, and the import refuses to fall back
@@ -15,6 +16,10 @@ python3 -m venv .venv
 .venv/bin/mypy -p fastaccum  # strict (pyproject.toml); fastaccum/_py links the pure twin
 .venv/bin/ruff check . && .venv/bin/ruff format --check .
 .venv/bin/pytest
+# The live tiers: real vLLM 0.32 and SGLang 0.5.23 on the CPU, one engine at a time, each server on
+# one core; their venvs are installed on first use and cached outside the checkout (docs/live.md).
+.venv/bin/pytest -p no:cacheprovider tests/live --live vllm
+.venv/bin/pytest -p no:cacheprovider tests/live --live sglang
 .venv/bin/pytest benchmarks --benchmark-disable
 PYTHON="$PWD/.venv/bin/python" tests/fuzz/run_fuzz.sh 60
 PYTHON="$PWD/.venv/bin/python" tools/sanitize.sh --asan-only
