@@ -122,7 +122,7 @@ def serve(tokens: int, interval: int, dialect: str = "sglang") -> None:
 # ---- clients (one fresh process each) -----------------------------------------------------------
 
 
-async def _httpx(url: str, payloads: list[dict[str, Any]]) -> tuple[list[int], int | None]:
+async def _httpx(url: str, payloads: list[dict[str, Any]], path: str = "/generate") -> tuple[list[int], int | None]:
     import httpx
 
     limits = httpx.Limits(max_connections=len(payloads), max_keepalive_connections=len(payloads))
@@ -130,16 +130,17 @@ async def _httpx(url: str, payloads: list[dict[str, Any]]) -> tuple[list[int], i
 
         async def one(p: dict[str, Any]) -> int:
             ids: list[int] = []
-            async with client.stream("POST", url + "/generate", json={**p, "stream": True}) as response:
+            async with client.stream("POST", url + path, json={**p, "stream": True}) as response:
                 async for line in response.aiter_lines():
                     if not line.startswith("data:"):
                         continue
                     data = line[5:].strip()
                     if data and data != "[DONE]":
                         event = json.loads(data)
-                        if "choices" in event:  # vLLM
+                        if "choices" in event:  # vLLM (the usage chunk has no choices)
                             for choice in event["choices"]:
-                                ids.extend(item["token_id"] for item in choice["logprobs"]["content"])
+                                if choice["logprobs"] is not None:
+                                    ids.extend(item["token_id"] for item in choice["logprobs"]["content"])
                             continue
                         for _, tid, _ in event["meta_info"]["output_token_logprobs"]:
                             ids.append(tid)
