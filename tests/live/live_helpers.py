@@ -13,7 +13,17 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ("MODEL", "LiveServers", "engines", "get_json", "goldens", "in_thread", "post_json", "post_raw")
+__all__ = (
+    "MODEL",
+    "LiveServers",
+    "ModelTokenizer",
+    "engines",
+    "get_json",
+    "goldens",
+    "in_thread",
+    "post_json",
+    "post_raw",
+)
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools" / "live"
 
@@ -91,3 +101,33 @@ def get_json(url: str, *, timeout: float = 30) -> Any:
 
 async def in_thread(function: Any, *args: Any, **kwargs: Any) -> Any:
     return await asyncio.to_thread(function, *args, **kwargs)
+
+
+# ---- the model's own tokenizer, for the frameworks' rollout loops ------------------------------
+
+
+class ModelTokenizer:
+    """The tiny model's byte-level BPE (``tokenizer.json`` in its folder, read with the
+    ``tokenizers`` package; ``transformers`` is not installed) with what slime's and vime's rollout
+    code and the adapters call on a Hugging Face tokenizer: ``encode(text, add_special_tokens=False)``
+    (``_prepare_prompt_ids``) and ``decode(ids, skip_special_tokens=...)`` (fastaccum.vime's text;
+    fastaccum.slime's only for servers that send none). The harnesses' ``AutoTokenizer`` stand-ins
+    return fake ids (1,000 to 151,000) the model does not have; these are below its 4,096. Ids 0
+    to 2 are special (``<|endoftext|>``, the EOS, and the chat markers)."""
+
+    chat_template = None  # vime's load_tokenizer reads it (and reads no chat_template.json here)
+
+    def __init__(self, model: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self._tokenizer = Tokenizer.from_file(str(Path(model) / "tokenizer.json"))
+        self.vocab_size = int(self._tokenizer.get_vocab_size())
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def decode(self, ids: Any, skip_special_tokens: bool = False, **options: Any) -> str:
+        return str(self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens))
