@@ -23,6 +23,7 @@ import resource
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -39,16 +40,19 @@ CLIENTS = ("httpx-lines", "client")
 def payloads(engine: str, streams: int, tokens: int) -> list[dict[str, Any]]:
     """Greedy requests that run their whole length (ignore_eos: the tiny model may end early)."""
     out: list[dict[str, Any]] = []
+    # Fresh ids every run: SGLang aborts a streamed rid two seconds after its response ended if the
+    # rid is live again by then (docs/live.md), so the next run must not reuse it.
+    run = uuid.uuid4().hex[:8]
     for i in range(streams):
         prompt = [11 + i, 12 + i, 13 + i, 14 + i, 15 + i, 16 + i, 17 + i, 18 + i]
         if engine == "vllm":
             params = {"max_tokens": tokens, "temperature": 0, "logprobs": 1, "ignore_eos": True}
             out.append(
-                {"model": engines.MODEL_NAME, "token_ids": prompt, "request_id": f"cpu-{i}", "sampling_params": params}
+                {"model": engines.MODEL_NAME, "token_ids": prompt, "request_id": f"cpu-{run}-{i}", "sampling_params": params}
             )
         else:
             params = {"max_new_tokens": tokens, "temperature": 0, "ignore_eos": True}
-            out.append({"input_ids": prompt, "rid": f"cpu-{i}", "return_logprob": True, "sampling_params": params})
+            out.append({"input_ids": prompt, "rid": f"cpu-{run}-{i}", "return_logprob": True, "sampling_params": params})
     return out
 
 
@@ -79,6 +83,10 @@ def measure(engine: str, stream_counts: list[int], tokens: int, repeat: int) -> 
     report: dict[str, Any] = {}
     with engines.Server(engine, incremental=engine == "sglang") as server:
         report["server_start_s"] = server.start_s
+        # The first requests after a start are slow (vLLM: ~2.5 s); none of them is measured.
+        for kind in CLIENTS:
+            command = [sys.executable, "-P", __file__, "--client", kind, engine, server.url, "1", "16"]
+            subprocess.run(command, capture_output=True, check=True)
         for streams in stream_counts:
             runs: dict[str, list[dict[str, Any]]] = {c: [] for c in CLIENTS}
             for _ in range(repeat):
