@@ -17,20 +17,25 @@ is required wherever it is built, so a broken build fails instead of testing the
 
 from __future__ import annotations
 
+import os
+
 import nox
 
 nox.options.sessions = ["fast", "lint"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.default_venv_backend = "venv"
 
-# torch==2.13.0 (.ci/constraints.txt) exists as a local CPU wheel for this Python only.
+# torch==2.13.0 (.ci/constraints.txt) must be a local CPU wheel, and those are cp311 builds.
 PYTHON = "3.11"
 REQUIRED = {"FASTACCUM_REQUIRE_EXTENSIONS": "1"}
+# Where pip finds that wheel, when its own configuration does not say.
+_WHEELS = os.environ.get("FASTACCUM_TORCH_WHEELS")
+TORCH_WHEELS = ["--find-links", _WHEELS] if _WHEELS else []
 
 
 def _install(session: nox.Session, extra: str = "test", **env: str) -> None:
     session.install("--upgrade", "pip")
-    session.install("-c", ".ci/constraints.txt", f".[{extra}]", "torch", env=env or REQUIRED)
+    session.install(*TORCH_WHEELS, "-c", ".ci/constraints.txt", f".[{extra}]", "torch", env=env or REQUIRED)
 
 
 @nox.session(python=PYTHON)

@@ -164,9 +164,11 @@ setup(
     # fastaccum/_cy for editors and type checkers); only their Python files and the stub ship.
     packages=[
         "fastaccum",
+        "fastaccum._core",
         "fastaccum.cli",
         "fastaccum.emulator",
         "fastaccum.slime",
+        "fastaccum.transport",
         "fastaccum.vime",
         "fastaccum._py",
         "fastaccum._cy",

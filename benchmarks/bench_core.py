@@ -4,7 +4,7 @@
 floor times of the same run and their ratios in ``extra_info`` (CI: ``--benchmark-disable``).
 ``python benchmarks/bench_core.py``: the full-size workloads, every consumer in one run, a
 table of times and target ratios, W3 peak memory in fresh subprocesses, ``--json`` with machine
-info. Workloads come from ``fastaccum.wire`` and are fed in 64 KiB pieces. Goals are ratios
+info. Workloads come from ``fastaccum.emulator.writer`` and are fed in 64 KiB pieces. Goals are ratios
 against baselines timed in the same run; nothing here asserts a time. See benchmarks/README.md.
 """
 
@@ -38,7 +38,7 @@ import numpy.typing as npt
 import orjson
 import pytest
 
-from fastaccum import wire
+from fastaccum.emulator import writer
 
 PIECE_BYTES = 64 * 1024  # every workload is fed in 64 KiB pieces (a typical socket read)
 TWINS = {"compiled": "fastaccum._cy", "pure": "fastaccum._py"}
@@ -131,17 +131,17 @@ def _progress(iterable: Iterable[Any], total: int, desc: str, enabled: bool) -> 
 
 def stream_of(spec: WorkloadSpec, *, progress: bool = False) -> tuple[bytes, Expected]:
     """The workload's SSE bytes (ending in [DONE]) and the outputs they must produce."""
-    gen = wire.synthetic_generation(
+    gen = writer.synthetic_generation(
         spec.name,
         spec.tokens,
         prompt_tokens=spec.prompt_tokens,
         top_p=spec.top_p,
         expert_shape=spec.expert_shape,
     )
-    opts = wire.WireOptions(incremental=spec.mode == "incremental", skip_tokenizer_init=not spec.text)
-    points = wire.emission_points(spec.tokens, spec.interval, opts.version)
-    events = wire.stream_events(gen, opts, points=points)
-    body = b"".join(wire.sse(e) for e in _progress(events, len(points), f"build {spec.name}", progress))
+    opts = writer.WireOptions(incremental=spec.mode == "incremental", skip_tokenizer_init=not spec.text)
+    points = writer.emission_points(spec.tokens, spec.interval, opts.version)
+    events = writer.stream_events(gen, opts, points=points)
+    body = b"".join(writer.sse(e) for e in _progress(events, len(points), f"build {spec.name}", progress))
     rows = gen.top_p_rows
     expected = Expected(
         token_ids=np.asarray(gen.token_ids, dtype=np.int32),
@@ -152,12 +152,12 @@ def stream_of(spec: WorkloadSpec, *, progress: bool = False) -> tuple[bytes, Exp
         routed_experts=gen.routed_experts,
         events=len(points),
     )
-    return body + wire.DONE, expected
+    return body + writer.DONE, expected
 
 
 def build(spec: WorkloadSpec, *, progress: bool = False) -> Workload:
     body, expected = stream_of(spec, progress=progress)
-    return Workload(spec, wire.split_pieces(body, [PIECE_BYTES]), expected)
+    return Workload(spec, writer.split_pieces(body, [PIECE_BYTES]), expected)
 
 
 def read_pieces(path: str) -> list[bytes]:
@@ -451,7 +451,7 @@ def run_workload(spec: WorkloadSpec, size: str, args: argparse.Namespace) -> dic
     print(f"\n{spec.name}: {spec.describe()}", flush=True)
     t0 = time.perf_counter()
     body, expected = stream_of(spec, progress=not args.no_progress)
-    pieces = wire.split_pieces(body, [PIECE_BYTES])
+    pieces = writer.split_pieces(body, [PIECE_BYTES])
     report: dict[str, Any] = {
         "description": spec.describe(),
         "tokens": spec.tokens,

@@ -1,7 +1,7 @@
 """pytest-benchmark suite: impl x mode x stream interval x payload, each case against the naive
 consumer and the orjson floor timed in the same run.
 
-Every case builds its stream with ``fastaccum.wire`` (through bench_core's workload builder, so the
+Every case builds its stream with ``fastaccum.emulator.writer`` (through bench_core's workload builder, so the
 outputs are checked against the generation), feeds it to the twin in 64 KiB pieces, then times the
 naive consumer and the floor on the same pieces right after, and puts the three times and their
 ratios in ``extra_info``. ``benchmarks/regress.py`` compares those ratios with the committed

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_core import PIECE_BYTES, _proc_status_kib, _reset_hwm, orjson_floor, read_pieces, time_runs  # noqa: E402
 
-from fastaccum import wire, wire_vllm  # noqa: E402
+from fastaccum.emulator import writer, writer_vllm  # noqa: E402
 
 TWINS = {"compiled": "fastaccum._cy", "pure": "fastaccum._py"}
 STREAMS = ("sglang", "dynamo", "vllm-0.32", "vllm-0.31")
@@ -38,12 +38,12 @@ TARGET, MEMORY_TARGET = 0.5, 1.2
 
 
 def stream_body(name: str, tokens: int, interval: int) -> bytes:
-    gen = wire.synthetic_generation("bench", tokens, prompt_tokens=1024)
+    gen = writer.synthetic_generation("bench", tokens, prompt_tokens=1024)
     if name.startswith("vllm"):
         shape = name.split("-")[1]
-        return wire_vllm.stream_bytes(wire_vllm.stream_chunks(gen, shape=shape, interval=interval))
-    opts = wire.WireOptions(incremental=True, skip_tokenizer_init=True)
-    return wire.stream_bytes(wire.stream_events(gen, opts, interval=interval))
+        return writer_vllm.stream_bytes(writer_vllm.stream_chunks(gen, shape=shape, interval=interval))
+    opts = writer.WireOptions(incremental=True, skip_tokenizer_init=True)
+    return writer.stream_bytes(writer.stream_events(gen, opts, interval=interval))
 
 
 def dialect_of(name: str) -> str:
@@ -66,7 +66,7 @@ def time_table(tokens: int, intervals: Sequence[int], rounds: int, twins: Sequen
     rows = []
     for interval in intervals:
         for name in STREAMS:
-            pieces = wire.split_pieces(stream_body(name, tokens, interval), [PIECE_BYTES])
+            pieces = writer.split_pieces(stream_body(name, tokens, interval), [PIECE_BYTES])
             floor, events = time_runs(lambda pieces=pieces: orjson_floor(pieces), rounds)
             row: dict[str, Any] = {"stream": name, "interval": interval, "events": events, "floor_s": floor}
             for twin in twins:
@@ -86,8 +86,10 @@ def time_table(tokens: int, intervals: Sequence[int], rounds: int, twins: Sequen
 
 def npy_line(rows: int, layers: int, topk: int, experts: int) -> tuple[bytes, int]:
     """A vLLM stream whose finishing chunk holds a rows x layers x topk routed-experts .npy."""
-    gen = wire.synthetic_generation("mem", 4, prompt_tokens=rows - 3, expert_shape=(layers, topk), num_experts=experts)
-    body = wire_vllm.stream_bytes(wire_vllm.stream_chunks(gen, routed=True))
+    gen = writer.synthetic_generation(
+        "mem", 4, prompt_tokens=rows - 3, expert_shape=(layers, topk), num_experts=experts
+    )
+    body = writer_vllm.stream_bytes(writer_vllm.stream_chunks(gen, routed=True))
     dtype = np.uint8 if experts <= 256 else np.uint16
     return body, rows * layers * topk * np.dtype(dtype).itemsize
 

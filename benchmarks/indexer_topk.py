@@ -73,7 +73,7 @@ def main() -> None:
     if args.measure:
         print(json.dumps(measure(*args.measure)))
         return
-    from fastaccum.wire import WireOptions, stream_bytes, stream_events, synthetic_generation
+    from fastaccum.emulator.writer import WireOptions, stream_bytes, stream_events, synthetic_generation
 
     gen = synthetic_generation("ix", 2000, prompt_tokens=48, indexer_shape=SHAPE)
     with tempfile.NamedTemporaryFile(suffix=".sse", delete=False) as f:

@@ -48,11 +48,18 @@ def payloads(engine: str, streams: int, tokens: int) -> list[dict[str, Any]]:
         if engine == "vllm":
             params = {"max_tokens": tokens, "temperature": 0, "logprobs": 1, "ignore_eos": True}
             out.append(
-                {"model": engines.MODEL_NAME, "token_ids": prompt, "request_id": f"cpu-{run}-{i}", "sampling_params": params}
+                {
+                    "model": engines.MODEL_NAME,
+                    "token_ids": prompt,
+                    "request_id": f"cpu-{run}-{i}",
+                    "sampling_params": params,
+                }
             )
         else:
             params = {"max_new_tokens": tokens, "temperature": 0, "ignore_eos": True}
-            out.append({"input_ids": prompt, "rid": f"cpu-{run}-{i}", "return_logprob": True, "sampling_params": params})
+            out.append(
+                {"input_ids": prompt, "rid": f"cpu-{run}-{i}", "return_logprob": True, "sampling_params": params}
+            )
     return out
 
 
@@ -62,7 +69,7 @@ def client_child(kind: str, engine: str, url: str, streams: int, tokens: int) ->
         importlib.import_module("httpx")
         coro = paced._httpx(url, bodies, PATHS[engine])
     else:
-        for module in ("fastaccum", "fastaccum.client"):
+        for module in ("fastaccum", "fastaccum.transport.client"):
             importlib.import_module(module)
         coro = paced._client(url, bodies, dialect="vllm" if engine == "vllm" else "sglang")
     before, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()

@@ -42,23 +42,23 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def serve(tokens: int, interval: int, dialect: str = "sglang") -> None:
-    from fastaccum import wire, wire_vllm
+    from fastaccum.emulator import writer, writer_vllm
 
-    gen = wire.synthetic_generation("paced", tokens, prompt_tokens=len(PROMPT))
-    opts = wire.WireOptions(incremental=True, skip_tokenizer_init=True)
-    points = wire.emission_points(tokens, interval)
+    gen = writer.synthetic_generation("paced", tokens, prompt_tokens=len(PROMPT))
+    opts = writer.WireOptions(incremental=True, skip_tokenizer_init=True)
+    points = writer.emission_points(tokens, interval)
     chunks: list[bytes] = []
     if dialect == "vllm":  # vLLM's chunks, the usage chunk going out with the finishing one
-        events = [wire_vllm.sse(c) for c in wire_vllm.stream_chunks(gen, points=points)]
+        events = [writer_vllm.sse(c) for c in writer_vllm.stream_chunks(gen, points=points)]
         events[-2:] = [events[-2] + events[-1]]
     else:  # SGLang's incremental events, which Dynamo passes through
         events = [
-            wire.sse(wire.normal_event(gen, opts, prev, end, terminal=k == len(points) - 1, first=k == 0))
+            writer.sse(writer.normal_event(gen, opts, prev, end, terminal=k == len(points) - 1, first=k == 0))
             for k, (prev, end) in enumerate(zip([0, *points], points))
         ]
     for event in events:
         chunks.append(b"%x\r\n%s\r\n" % (len(event), event))
-    chunks.append(b"%x\r\n%s\r\n0\r\n\r\n" % (len(wire.DONE), wire.DONE))
+    chunks.append(b"%x\r\n%s\r\n0\r\n\r\n" % (len(writer.DONE), writer.DONE))
     head = (
         b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
         b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -152,7 +152,7 @@ async def _httpx(url: str, payloads: list[dict[str, Any]], path: str = "/generat
 async def _generate_stream(url: str, payloads: list[dict[str, Any]]) -> tuple[list[int], int | None]:
     import aiohttp
 
-    from fastaccum.aiohttp_stream import STREAM_TIMEOUT, GenerateStream
+    from fastaccum.transport.aiohttp_stream import STREAM_TIMEOUT, GenerateStream
 
     connector = aiohttp.TCPConnector(limit=len(payloads))
     async with aiohttp.ClientSession(timeout=STREAM_TIMEOUT, connector=connector) as session:
@@ -193,7 +193,7 @@ def client_child(kind: str, url: str, streams: int, tokens: int, dialect: str = 
     for module in (
         ("httpx",)
         if kind.startswith("httpx")
-        else ("fastaccum", "fastaccum.client", "fastaccum.aiohttp_stream", "aiohttp")
+        else ("fastaccum", "fastaccum.transport.client", "fastaccum.transport.aiohttp_stream", "aiohttp")
     ):
         importlib.import_module(module)
     before, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()

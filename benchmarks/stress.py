@@ -226,7 +226,7 @@ def experts(args: argparse.Namespace, contexts: Sequence[tuple[int, int]], bar: 
         }
         # The built stream is checked once in-process by the compiled twin (the children only measure).
         core.check_outputs(
-            "compiled", core.consumer_fn("compiled", spec)(core.wire.split_pieces(body, [core.PIECE_BYTES])), expected
+            "compiled", core.consumer_fn("compiled", spec)(core.writer.split_pieces(body, [core.PIECE_BYTES])), expected
         )
         del expected
         with tempfile.NamedTemporaryFile(prefix="fastaccum-r3-", suffix=".sse") as f:
@@ -311,7 +311,7 @@ class EmulatorProcess:
 async def _fastaccum_client(url: str, payloads: list[dict[str, Any]]) -> Any:
     import aiohttp
 
-    from fastaccum.aiohttp_stream import STREAM_TIMEOUT, GenerateStream
+    from fastaccum.transport.aiohttp_stream import STREAM_TIMEOUT, GenerateStream
 
     async with aiohttp.ClientSession(timeout=STREAM_TIMEOUT, connector=aiohttp.TCPConnector(limit=len(payloads))) as s:
 
@@ -328,7 +328,7 @@ async def _raw_client(url: str, payloads: list[dict[str, Any]]) -> Any:
     """aiohttp reading every body chunk (iter_any) and doing nothing with it: no feed, no result."""
     import aiohttp
 
-    from fastaccum.aiohttp_stream import STREAM_TIMEOUT
+    from fastaccum.transport.aiohttp_stream import STREAM_TIMEOUT
 
     async with aiohttp.ClientSession(timeout=STREAM_TIMEOUT, connector=aiohttp.TCPConnector(limit=len(payloads))) as s:
 
@@ -386,7 +386,7 @@ def client_child(kind: str, url: str, streams: int, tokens: int, tag: str) -> di
     """Runs in a fresh process: ``streams`` concurrent requests; CPU and wall of the streaming part."""
     import numpy as np
 
-    from fastaccum import wire
+    from fastaccum.emulator import writer
 
     rids = [f"{tag}-{i:05d}x" for i in range(streams)]  # fixed width: no rid is a prefix of another
     payloads = [
@@ -398,7 +398,7 @@ def client_child(kind: str, url: str, streams: int, tokens: int, tag: str) -> di
     if kind == "aiohttp-raw":
         return {"cpu_seconds": cpu1 - cpu0, "wall_seconds": t1 - t0, "tokens": streams * tokens, "bytes": sum(results)}
     for rid, (ids, lps) in zip(rids, results):  # outside the measured region
-        gen = wire.synthetic_generation(rid, tokens, prompt_tokens=len(PROMPT))
+        gen = writer.synthetic_generation(rid, tokens, prompt_tokens=len(PROMPT))
         want_lps = np.asarray(gen.logprobs, dtype=float)
         if not (
             np.array_equal(np.asarray(ids), gen.token_ids) and np.array_equal(np.asarray(lps, dtype=float), want_lps)

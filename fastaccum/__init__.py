@@ -38,9 +38,9 @@ __all__ = (
 
 # The transports are imported only when asked for, so the core stays cheap to load.
 _TRANSPORTS = {
-    "Client": "fastaccum.client",  # owns its connections (httptools)
-    "GenerateStream": "fastaccum.aiohttp_stream",  # on an aiohttp session
-    "consume": "fastaccum.consumer",  # any async byte iterator
+    "Client": "fastaccum.transport.client",  # owns its connections (httptools)
+    "GenerateStream": "fastaccum.transport.aiohttp_stream",  # on an aiohttp session
+    "consume": "fastaccum.transport.consumer",  # any async byte iterator
 }
 
 

@@ -18,21 +18,41 @@ def _load_core() -> tuple[ModuleType, Literal["cython", "python"]]:
         try:
             from fastaccum import _cy
         except ImportError as exc:
-            if _in_source_tree():
-                raise ImportError(_SHADOWED) from None
+            _refuse_if_shadowed_or_incomplete(exc)
             if _REQUIRE_EXTENSIONS:  # wheels and CI must never fall back without saying so
-                raise _refusal(_no_core(exc)) from None
+                raise _refusal(_no_core(exc)) from exc
         else:
             return _cy, "cython"
     elif _REQUIRE_EXTENSIONS:
         raise _refusal("FASTACCUM_REQUIRE_EXTENSIONS=1, but the compiled core is switched off")
     try:
         from fastaccum import _py
-    except ImportError:
-        if _in_source_tree():  # an unpacked sdist: no links to the twins' folders
-            raise ImportError(_SHADOWED) from None
+    except ImportError as exc:
+        _refuse_if_shadowed_or_incomplete(exc)  # an unpacked sdist has no links to the twins' folders
         raise
     return _py, "python"
+
+
+def _own_core_missing(exc: ImportError) -> bool:
+    """The twin itself is not there (rather than something it imports)."""
+    if exc.name == "fastaccum":  # "cannot import name '_cy' from 'fastaccum'"
+        return True
+    name = exc.name or ""
+    return isinstance(exc, ModuleNotFoundError) and name.startswith(("fastaccum._cy", "fastaccum._py"))
+
+
+def _refuse_if_shadowed_or_incomplete(exc: ImportError) -> None:
+    """Two causes get a one-line message of their own, the real error chained: a source tree
+    imported in place of the installed package, and a dependency that is not installed. Anything
+    else is left to the caller (fall back, or refuse, or raise it as it is)."""
+    if _own_core_missing(exc):
+        if _in_source_tree():
+            raise _refusal(_SHADOWED) from exc
+    elif isinstance(exc, ModuleNotFoundError) and exc.name and not exc.name.startswith("fastaccum"):
+        raise _refusal(
+            f"fastaccum needs {exc.name}, which is not installed: pip install {exc.name.split('.')[0]} "
+            "(or reinstall fastaccum, which installs its dependencies)"
+        ) from exc
 
 
 # A source tree (a checkout, an unpacked sdist) builds no compiled core in place: run from its root,
@@ -51,9 +71,7 @@ def _no_core(exc: ImportError) -> str:
     python = f"CPython {sys.version_info.major}.{sys.version_info.minor} on {platform.machine()}"
     # Not found (rather than failing to load): a pure-only install, or a wheel built for another
     # Python, whose modules this interpreter's suffixes do not match.
-    missing = exc.name == "fastaccum" or (
-        isinstance(exc, ModuleNotFoundError) and (exc.name or "").startswith("fastaccum._cy")
-    )
+    missing = _own_core_missing(exc)
     tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
     return (
         "FASTACCUM_REQUIRE_EXTENSIONS=1, but fastaccum's compiled core "

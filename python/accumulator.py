@@ -1,8 +1,8 @@
 """StreamAccumulator: SGLang /generate events to arrays, validating cumulative/incremental lengths.
 
 This module holds the per-read and per-event work; the class's once-per-stream face (constructor,
-finish(), snapshot(), properties) is fastaccum._base.AccumulatorBase, the per-stream rules come
-from fastaccum._policy, and the rules themselves are in docs/core.md. The compiled twin's
+finish(), snapshot(), properties) is fastaccum._core.base.AccumulatorBase, the per-stream rules come
+from fastaccum._core.policy, and the rules themselves are in docs/core.md. The compiled twin's
 src_cython/accumulator.pyx mirrors it function by function.
 """
 
@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from fastaccum._base import AccumulatorBase
-from fastaccum._dialects import TOKEN_IDS, VLLM, chunk_fields, read_chunk
-from fastaccum._messages import broken, changed_token
-from fastaccum._policy import (
+from fastaccum._core.base import AccumulatorBase
+from fastaccum._core.dialects import TOKEN_IDS, VLLM, chunk_fields, read_chunk
+from fastaccum._core.messages import broken, changed_token
+from fastaccum._core.policy import (
     ABSENT,
     ARRAY_KEYS,
     ParsedEvent,
@@ -26,12 +26,12 @@ from fastaccum._policy import (
     read_event,
     refused_feed,
 )
+from fastaccum._core.spans import cut_b64_spans
 from fastaccum._py.buffers import Buffer
 from fastaccum._py.chunked import ChunkedDecoder
 from fastaccum._py.fields import Event, read_id_list, read_logprob_list, read_uint_at
 from fastaccum._py.framing import SseFramer
 from fastaccum._py.lengths import CUMULATIVE, check_logprobs, check_total, event_mode, text_after
-from fastaccum._spans import cut_b64_spans
 from fastaccum.errors import StreamError
 from fastaccum.result import StreamResult
 
@@ -166,7 +166,7 @@ class StreamAccumulator(AccumulatorBase):
     def _read_chunk(
         self, data: bytearray, index: int, json_bytes: bytes | bytearray, spans: dict[str, tuple[int, int]]
     ) -> tuple[Event, ParsedEvent]:
-        """A vLLM chunk read into the Event record SGLang's events fill (fastaccum._dialects)."""
+        """A vLLM chunk read into the Event record SGLang's events fill (fastaccum._core.dialects)."""
         parsed = read_chunk(index, data, json_bytes, spans, None, self._meta, finished=self._finish_reason is not None)
         token_ids, logprob_ids, logprobs, completion, prompt, text = chunk_fields(
             index, parsed, held=self._ids.size, had_logprobs=self._has_logprobs

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fastaccum._messages import bad_chunk
+from fastaccum._core.messages import bad_chunk
 
 if TYPE_CHECKING:
     from fastaccum._py.framing import SseFramer as Framer
@@ -27,7 +27,7 @@ _BACKSLASH = 0x5C
 _SPACE = 0x20
 _TAB = 0x09
 
-# States (fastaccum._messages.bad_chunk names each, by number).
+# States (fastaccum._core.messages.bad_chunk names each, by number).
 _SIZE_START = 0
 _SIZE = 1
 _SIZE_SPACE = 2  # whitespace after the size: only more of it, ';' or CR may follow

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from fastaccum._messages import (
+from fastaccum._core.messages import (
     LOGPROBS,
     bad_logprob_entry,
     bad_token_id,
@@ -29,7 +29,7 @@ class Event(NamedTuple):
     output_ids: list[int] | None  # None: the event has no output_ids
     logprob_ids: list[int] | None  # the ids in output_token_logprobs; None: it has none
     logprobs: list[float] | None  # their logprobs, NaN for null
-    completion_tokens: int  # -1 (fastaccum._policy.ABSENT) where the event does not carry it
+    completion_tokens: int  # -1 (fastaccum._core.policy.ABSENT) where the event does not carry it
     logprobs_length: int  # output_token_logprobs_length
     prompt_tokens: int
     text: str | None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fastaccum._messages import too_large
+from fastaccum._core.messages import too_large
 
 __all__ = ("SseFramer",)
 

@@ -10,14 +10,14 @@ accumulator calls as C functions. Counts are -1 where the event does not carry t
 
 from __future__ import annotations
 
-from fastaccum._messages import (
+from fastaccum._core.messages import (
     broken,
     length_decreased,
     lengths_disagree,
     logprobs_switched,
     mode_mismatch,
 )
-from fastaccum._policy import MODES, echo_text
+from fastaccum._core.policy import MODES, echo_text
 
 __all__ = ("event_mode", "check_total", "check_logprobs", "text_after")
 
@@ -75,7 +75,7 @@ def text_after(parts: list[str] | None, mode: str, echo: bool, text: str | None)
     """The stream's text parts once this event is committed (``parts`` itself, appended to, or a
     new list; None: no event carried text yet). Cumulative text replaces; incremental text (and
     undecided auto) appends, to be joined once when a result is built; an abort echo's text is the
-    whole text, which fastaccum._policy.echo_text reconciles with the text held."""
+    whole text, which fastaccum._core.policy.echo_text reconciles with the text held."""
     if echo:
         update = echo_text(mode, parts, text)
         replaces = True

@@ -5,8 +5,8 @@ Its modules mirror the pure twin's, each with a ``.pxd`` that says what the othe
 (ordinary events read straight from their bytes) and stream (base64 values decoded while a large
 event arrives). chunked and lengths are the pure twin's own files, compiled with the types in
 ``chunked.pxd`` and ``lengths.pxd``. The once-per-stream face of the class, the per-stream rules
-and every message come from Python (fastaccum._base, fastaccum._policy, fastaccum._spans,
-fastaccum._messages), so both twins run the same code for them. Directives are set in setup.py.
+and every message come from Python (fastaccum._core.base, fastaccum._core.policy, fastaccum._core.spans,
+fastaccum._core.messages), so both twins run the same code for them. Directives are set in setup.py.
 """
 
 from fastaccum._cy.accumulator import StreamAccumulator, accumulate

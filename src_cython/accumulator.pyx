@@ -1,9 +1,10 @@
 """StreamAccumulator: SGLang /generate events to arrays, as fastaccum._py.accumulator, function by
 function.
 
-The extension type _Core holds the per-read and per-event work, and StreamAccumulator joins it to
-fastaccum._base.AccumulatorBase (the once-per-stream face, shared with the pure twin). The
-per-stream rules come from fastaccum._policy and the rules themselves are in docs/core.md.
+The extension type _CompiledAccumulator holds the per-read and per-event work, and
+StreamAccumulator joins it to fastaccum._core.base.AccumulatorBase (the once-per-stream face,
+shared with the pure twin). The per-stream rules come from fastaccum._core.policy and the rules
+themselves are in docs/core.md.
 _apply_scanned (events the scanner read) is this twin's only addition.
 """
 
@@ -26,10 +27,10 @@ from fastaccum._cy.stream cimport SpanScan, simd_decoder
 
 import orjson
 
-from fastaccum._base import AccumulatorBase
-from fastaccum._dialects import TOKEN_IDS, chunk_fields, chunk_meta, read_chunk
-from fastaccum._messages import broken, changed_token
-from fastaccum._policy import (
+from fastaccum._core.base import AccumulatorBase
+from fastaccum._core.dialects import TOKEN_IDS, chunk_fields, chunk_meta, read_chunk
+from fastaccum._core.messages import broken, changed_token
+from fastaccum._core.policy import (
     ABSENT,
     DIALECTS,
     MODES,
@@ -39,12 +40,12 @@ from fastaccum._policy import (
     read_event,
     refused_feed,
 )
-from fastaccum._spans import cut_b64_spans, cut_spans, reappears
+from fastaccum._core.spans import cut_b64_spans, cut_spans, reappears
 from fastaccum.errors import StreamError
 
 import numpy as np
 
-# The mode is MODES' own str object (fastaccum._base sets it), compared by identity: an equality
+# The mode is MODES' own str object (fastaccum._core.base sets it), compared by identity: an equality
 # test of two str is a function call in Cython.
 cdef str CUMULATIVE = MODES[1]
 cdef str VLLM = DIALECTS[2]
@@ -55,11 +56,11 @@ cdef const char* _COMPLETION_KEY = b'"completion_tokens":'
 _orjson_loads = orjson.loads
 
 
-cdef class _Core(EventSink):
+cdef class _CompiledAccumulator(EventSink):
     """StreamAccumulator's state and its per-read and per-event work (fastaccum._py.accumulator's
     methods of the same names); the class below adds the once-per-stream face."""
 
-    # Read by fastaccum._base.AccumulatorBase, which also sets the public ones.
+    # Read by fastaccum._core.base.AccumulatorBase, which also sets the public ones.
     cdef readonly SseFramer _framer
     cdef public str _mode
     cdef public str _dialect
@@ -210,7 +211,7 @@ cdef class _Core(EventSink):
         if self._dialect is VLLM:
             if self._finish_reason is not None or not scan_chunk(data, n, self._out_ids, self._lp_ids, self._lp_values, &event):
                 return False
-            # vLLM counts nothing in an ordinary chunk: the total is what it brings (_dialects.chunk_counts).
+            # vLLM counts nothing in an ordinary chunk: the total is what it brings (fastaccum._core.dialects.chunk_counts).
             event.completion_tokens = self._ids.size + (self._lp_ids.size if event.has_logprobs else self._out_ids.size)
         elif not scan_event(data, n, self._out_ids, self._lp_ids, self._lp_values,
                             self._ids.size if self._mode is CUMULATIVE else 0, &event):
@@ -287,7 +288,7 @@ cdef class _Core(EventSink):
     cdef int _apply_chunk(self, bytearray data, Py_ssize_t index, object json_bytes, dict spans, dict streamed,
                           SpanScan scan, bint light_checked) except -1:
         """The rest of _apply for a vLLM chunk: read into the Event record SGLang's events fill
-        (fastaccum._dialects)."""
+        (fastaccum._core.dialects)."""
         cdef Event event
         if self._meta_in_piece != NULL:  # a usage chunk adds to the held meta_info, which may be
             # a chunk read in place earlier in this feed(): keep it before it is read
@@ -437,7 +438,7 @@ cdef int _fill_float64(Buffer out, list values) except -1:
     return 0
 
 
-class StreamAccumulator(_Core, AccumulatorBase):
+class StreamAccumulator(_CompiledAccumulator, AccumulatorBase):
     """Feeds raw SSE bytes of one SGLang /generate stream and accumulates tokens into arrays."""
 
     __slots__ = ()

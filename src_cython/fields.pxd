@@ -11,7 +11,7 @@ cdef struct Event:
     Py_ssize_t event_index  # data events counted from 0
     bint has_output_ids  # ids in the accumulator's _out_ids
     bint has_logprobs  # ids and logprobs of output_token_logprobs in _lp_ids and _lp_values
-    long long completion_tokens  # -1 (fastaccum._policy.ABSENT) where the event does not carry it
+    long long completion_tokens  # -1 (fastaccum._core.policy.ABSENT) where the event does not carry it
     long long logprobs_length  # output_token_logprobs_length
     long long prompt_tokens
     # the scanner's reading (an event it read; the orjson path leaves these unset)

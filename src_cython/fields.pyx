@@ -11,7 +11,7 @@ from libc.stdint cimport INT32_MAX, int32_t
 
 from fastaccum._cy.buffers cimport Buffer, float64s, int32s
 
-from fastaccum._messages import (
+from fastaccum._core.messages import (
     LOGPROBS,
     bad_logprob_entry,
     bad_token_id,

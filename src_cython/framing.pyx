@@ -10,7 +10,7 @@ from libc.string cimport memcmp, memcpy
 
 from fastaccum._cy.fa_bytes cimport fa_find_line_end
 
-from fastaccum._messages import too_large
+from fastaccum._core.messages import too_large
 
 cdef enum:
     # Line states, as in fastaccum._py.framing.
@@ -21,7 +21,7 @@ cdef enum:
 
 cdef const char* BOM = b"\xef\xbb\xbf"
 cdef const char* DATA_FIELD = b"data:"
-# Events below this size are cut after dispatch (fastaccum._spans); streaming is not worth it.
+# Events below this size are cut after dispatch (fastaccum._core.spans); streaming is not worth it.
 cdef Py_ssize_t STREAM_AFTER_BYTES = 4 << 20
 
 

@@ -331,7 +331,7 @@ cdef const unsigned char* _scan_meta(const unsigned char* p, const unsigned char
             or key_is(key, key_len, b"routed_experts", 14)
             or key_is(key, key_len, b"indexer_topk", 12)
         ):
-            return NULL  # base64 arrays (fastaccum._policy.B64_KEYS): the ordinary path cuts and decodes them
+            return NULL  # base64 arrays (fastaccum._core.policy.B64_KEYS): the ordinary path cuts and decodes them
         else:
             p = skip_value(p, end, 2)
         if p == NULL or p >= end:

@@ -1,7 +1,7 @@
 """vLLM chunk scanner (compiled twin only): an ordinary ``/inference/v1/generate`` chunk read
 straight from its bytes, as fastaccum._cy.scan reads SGLang's events, with the same JSON readers
 and the same rule: anything unusual, or any doubt, returns 0 and the chunk takes the orjson path
-(fastaccum._dialects.read_chunk), which gives the canonical result or error. There is no such
+(fastaccum._core.dialects.read_chunk), which gives the canonical result or error. There is no such
 path in fastaccum._py.
 """
 
@@ -18,7 +18,7 @@ cdef int scan_chunk(const unsigned char* base, Py_ssize_t n, Buffer out_ids, Buf
                     Event* r) except -1:
     """Read an ordinary vLLM chunk (one choice with tokens, finish_reason null, no usage, no arrays,
     no text) from base[:n] into the staging buffers, as scan_event does SGLang's events: 1, or 0
-    when the orjson path must decide (fastaccum._dialects.read_chunk). ``r.meta`` spans the whole
+    when the orjson path must decide (fastaccum._core.dialects.read_chunk). ``r.meta`` spans the whole
     chunk: its meta_info is read from it only when a result is built."""
     cdef const unsigned char* end = base + n
     cdef const unsigned char* p = base

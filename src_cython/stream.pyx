@@ -2,7 +2,7 @@
 
 The replay values of a terminal event (routed_experts, indexer_topk) can be hundreds of MB of
 base64 in one line. Once an event grows past the framer's streaming threshold, the framer runs
-the span scan of fastaccum._spans.cut_b64_spans while the bytes arrive; inside a replay value it
+the span scan of fastaccum._core.spans.cut_b64_spans while the bytes arrive; inside a replay value it
 decodes whole base64 quanta of each piece into a Block instead of holding the line. Anything
 unusual (a backslash, padding before the end, a bad character, the line ending inside the
 value) puts the exact original bytes back into the event ("de-streaming") and the event takes
@@ -26,7 +26,7 @@ from fastaccum._cy.framing cimport ValueStream
 
 import pybase64
 
-from fastaccum._policy import B64_KEYS
+from fastaccum._core.policy import B64_KEYS
 
 # Whole unpadded quanta are decoded straight into a Block by fa_base64.h's AVX2 loop where the CPU
 # has it: a routed-experts value arrives as hundreds of MB of base64, and decoding into a new bytes
@@ -106,7 +106,7 @@ cdef Py_ssize_t _key_before(const char* buf, Py_ssize_t at, dict spans) except -
 
 
 cdef class SpanScan(ValueStream):
-    """fastaccum._spans.cut_b64_spans' forward scan, run while an event's bytes arrive (state of one event); it
+    """fastaccum._core.spans.cut_b64_spans' forward scan, run while an event's bytes arrive (state of one event); it
     streams the replay values (``streaming``: one now), and ``off`` means de-streamed."""
 
     def __cinit__(self, expert_shape=None, indexer_shape=None, bint own_decoder=True):

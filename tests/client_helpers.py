@@ -14,9 +14,9 @@ import numpy as np
 
 import fastaccum
 from fastaccum import StreamResult
-from fastaccum.aiohttp_stream import STREAM_TIMEOUT, GenerateStream
 from fastaccum.emulator import Emulator
-from fastaccum.wire import WireOptions, chunk_encode, normal_event, sse, synthetic_generation
+from fastaccum.emulator.writer import WireOptions, chunk_encode, normal_event, sse, synthetic_generation
+from fastaccum.transport.aiohttp_stream import STREAM_TIMEOUT, GenerateStream
 
 __all__ = (
     "CHUNKED_HEAD",

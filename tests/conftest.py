@@ -7,12 +7,12 @@ from types import ModuleType
 import pytest
 from client_helpers import Transport
 
-import fastaccum.aiohttp_stream
-import fastaccum.client
-import fastaccum.consumer
+import fastaccum.transport.aiohttp_stream
+import fastaccum.transport.client
+import fastaccum.transport.consumer
 
 # Each transport module names the twin its streams feed (StreamConsumer._new_accumulator).
-TRANSPORT_MODULES = (fastaccum.consumer, fastaccum.aiohttp_stream, fastaccum.client)
+TRANSPORT_MODULES = (fastaccum.transport.consumer, fastaccum.transport.aiohttp_stream, fastaccum.transport.client)
 
 
 @pytest.fixture

@@ -21,8 +21,8 @@ from client_helpers import PROMPT, abort_after, abort_together, assert_matches, 
 
 import fastaccum
 from fastaccum import ServerError, StreamResult, StreamTimeoutError
-from fastaccum._control import PARALLEL
 from fastaccum.emulator import ABORT_REASON, Emulator
+from fastaccum.transport.abort_sender import PARALLEL
 
 wait_until = functools.partial(client_helpers.wait_until, timeout=30.0)
 # A drain deadline no loaded CI machine reaches, where the test is about what a drain reads.

@@ -12,6 +12,14 @@ import orjson
 import pytest
 
 import fastaccum
+from fastaccum.emulator.writer import (
+    WireOptions,
+    normal_event,
+    split_pieces,
+    stream_bytes,
+    stream_events,
+    synthetic_generation,
+)
 from fastaccum.errors import (
     ServerError,
     StreamError,
@@ -21,14 +29,6 @@ from fastaccum.errors import (
     StreamTruncatedError,
 )
 from fastaccum.result import StreamResult
-from fastaccum.wire import (
-    WireOptions,
-    normal_event,
-    split_pieces,
-    stream_bytes,
-    stream_events,
-    synthetic_generation,
-)
 
 INC = WireOptions(incremental=True)
 GEN = synthetic_generation("api", 8, top_p=True, expert_shape=(2, 2))

@@ -21,6 +21,15 @@ import numpy as np
 import orjson
 import pytest
 
+from fastaccum.emulator.writer import (
+    DONE,
+    WireOptions,
+    echo_event,
+    encode_int32,
+    error_event,
+    normal_event,
+    synthetic_generation,
+)
 from fastaccum.errors import (
     ServerError,
     StreamError,
@@ -29,7 +38,6 @@ from fastaccum.errors import (
     StreamLimitError,
     StreamTruncatedError,
 )
-from fastaccum.wire import DONE, WireOptions, echo_event, encode_int32, error_event, normal_event, synthetic_generation
 
 FORMAT, LENGTH, TRUNCATED, LIMIT, SERVER = (
     StreamFormatError,

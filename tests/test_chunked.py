@@ -7,7 +7,14 @@ from types import ModuleType
 import pytest
 
 from fastaccum import StreamFormatError, StreamTruncatedError
-from fastaccum.wire import WireOptions, chunk_encode, split_pieces, stream_bytes, stream_events, synthetic_generation
+from fastaccum.emulator.writer import (
+    WireOptions,
+    chunk_encode,
+    split_pieces,
+    stream_bytes,
+    stream_events,
+    synthetic_generation,
+)
 
 GEN = synthetic_generation("chunked", 40)
 BODY = stream_bytes(stream_events(GEN, WireOptions(incremental=True)))

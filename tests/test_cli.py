@@ -19,10 +19,10 @@ import numpy as np
 import orjson
 import pytest
 
-from fastaccum import IMPLEMENTATION, StreamResult, __version__, wire, wire_vllm
+from fastaccum import IMPLEMENTATION, StreamResult, __version__
 from fastaccum.cli._demo import Outcome, verify
 from fastaccum.cli._parser import build_parser
-from fastaccum.emulator import Emulator
+from fastaccum.emulator import Emulator, writer, writer_vllm
 
 TIMEOUT_S = 120
 
@@ -179,9 +179,9 @@ def test_demo_verification_accepts_an_empty_prefix_and_still_flags_missing_logpr
 
 
 def test_replay_prints_a_summary(tmp_path: Path) -> None:
-    gen = wire.synthetic_generation("rep-1", 50, expert_shape=(3, 2), top_p=True)
+    gen = writer.synthetic_generation("rep-1", 50, expert_shape=(3, 2), top_p=True)
     path = tmp_path / "stream.sse"
-    path.write_bytes(wire.stream_bytes(wire.stream_events(gen, wire.WireOptions(incremental=True), interval=4)))
+    path.write_bytes(writer.stream_bytes(writer.stream_events(gen, writer.WireOptions(incremental=True), interval=4)))
     done = fastaccum("replay", str(path), "--expert-shape", "3x2")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "mode:          incremental" in done.stdout
@@ -189,8 +189,8 @@ def test_replay_prints_a_summary(tmp_path: Path) -> None:
 
 
 def test_replay_dash_reads_the_stream_from_stdin() -> None:
-    gen = wire.synthetic_generation("rep-3", 40, expert_shape=(3, 2))
-    body = wire.stream_bytes(wire.stream_events(gen, wire.WireOptions(incremental=True), interval=4))
+    gen = writer.synthetic_generation("rep-3", 40, expert_shape=(3, 2))
+    body = writer.stream_bytes(writer.stream_events(gen, writer.WireOptions(incremental=True), interval=4))
     done = subprocess.run(
         [sys.executable, "-P", "-m", "fastaccum", "replay", "-", "--expert-shape", "3x2"],
         input=body,
@@ -203,9 +203,9 @@ def test_replay_dash_reads_the_stream_from_stdin() -> None:
 
 
 def test_replay_max_event_bytes_zero_means_no_limit(tmp_path: Path) -> None:
-    gen = wire.synthetic_generation("rep-4", 20)
+    gen = writer.synthetic_generation("rep-4", 20)
     path = tmp_path / "stream.sse"
-    path.write_bytes(wire.stream_bytes(wire.stream_events(gen, wire.WireOptions(incremental=True), interval=4)))
+    path.write_bytes(writer.stream_bytes(writer.stream_events(gen, writer.WireOptions(incremental=True), interval=4)))
     unlimited = fastaccum("replay", str(path), "--max-event-bytes", "0")
     assert unlimited.returncode == 0, unlimited.stdout + unlimited.stderr
     assert "tokens:        20" in unlimited.stdout
@@ -215,8 +215,8 @@ def test_replay_max_event_bytes_zero_means_no_limit(tmp_path: Path) -> None:
 
 
 def test_replay_reports_the_typed_error_and_event_index(tmp_path: Path) -> None:
-    gen = wire.synthetic_generation("rep-2", 30)
-    body = wire.stream_bytes(wire.stream_events(gen, wire.WireOptions()), done=False)
+    gen = writer.synthetic_generation("rep-2", 30)
+    body = writer.stream_bytes(writer.stream_events(gen, writer.WireOptions()), done=False)
     path = tmp_path / "cut.sse"
     path.write_bytes(body[: len(body) - 40])
     done = fastaccum("replay", str(path))
@@ -289,7 +289,9 @@ def test_emulator_command_serves_until_terminated() -> None:
 def test_output_into_a_closed_pipe_ends_quietly(arguments: list[str], tmp_path: Path) -> None:
     # As in `fastaccum replay x.sse | head -1`: the reader is gone before the command writes.
     stream = tmp_path / "stream.sse"
-    stream.write_bytes(wire.stream_bytes(wire.stream_events(wire.synthetic_generation("pipe", 20), wire.WireOptions())))
+    stream.write_bytes(
+        writer.stream_bytes(writer.stream_events(writer.synthetic_generation("pipe", 20), writer.WireOptions()))
+    )
     command = [sys.executable, "-P", "-m", "fastaccum", *(str(stream) if a == "STREAM" else a for a in arguments)]
     done = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert done.stdout is not None and done.stderr is not None
@@ -469,14 +471,14 @@ def test_emulator_command_serves_vllm_in_the_shape_asked_for() -> None:
         child.wait(timeout=10)
     gen = Emulator().expected("cli-1", 9, prompt_tokens=3, finish_reason={"type": "length"})
     gen = dataclasses.replace(gen, rid="generate-tokens-cli-1")  # vLLM's own id on the wire
-    chunks = wire_vllm.stream_chunks(gen, shape="0.31", interval=4, usage=False)
-    assert stream == wire_vllm.stream_bytes(chunks)
+    chunks = writer_vllm.stream_chunks(gen, shape="0.31", interval=4, usage=False)
+    assert stream == writer_vllm.stream_bytes(chunks)
 
 
 def test_replay_reads_a_vllm_body(tmp_path: Path) -> None:
-    gen = wire.synthetic_generation("rep-v", 30, expert_shape=(3, 2), num_experts=8, finish_reason={"type": "length"})
+    gen = writer.synthetic_generation("rep-v", 30, expert_shape=(3, 2), num_experts=8, finish_reason={"type": "length"})
     path = tmp_path / "vllm.sse"
-    path.write_bytes(wire_vllm.stream_bytes(wire_vllm.stream_chunks(gen, interval=4, routed=True)))
+    path.write_bytes(writer_vllm.stream_bytes(writer_vllm.stream_chunks(gen, interval=4, routed=True)))
     done = fastaccum("replay", str(path), "--dialect", "vllm", "--expert-shape", "3x2")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "tokens:        30 (completion_tokens 30)" in done.stdout and '"type": "length"' in done.stdout

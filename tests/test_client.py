@@ -21,11 +21,10 @@ from fastaccum import (
     StreamResult,
     StreamTimeoutError,
     StreamTruncatedError,
-    wire,
 )
-from fastaccum.aiohttp_stream import STREAM_TIMEOUT, GenerateStream
-from fastaccum.consumer import StreamConsumer, consume
-from fastaccum.emulator import ABORT_REASON, Emulator
+from fastaccum.emulator import ABORT_REASON, Emulator, writer
+from fastaccum.transport.aiohttp_stream import STREAM_TIMEOUT, GenerateStream
+from fastaccum.transport.consumer import StreamConsumer, consume
 
 
 async def stream_once(url: str, body: dict[str, Any], **kwargs: Any) -> StreamResult:
@@ -46,7 +45,7 @@ def test_every_token_arrives(twin: ModuleType, incremental: bool, interval: int)
     for result, rid in zip(run(main()), ("r-auto-", f"r-{mode}-")):
         assert result.mode == mode and not result.aborted
         assert result.finish_reason == {"type": "length", "length": 300}
-        assert result.events == len(wire.emission_points(300, interval))
+        assert result.events == len(writer.emission_points(300, interval))
         assert_matches(emulator, rid, result)
 
 
@@ -438,15 +437,15 @@ def test_httpx_consume_matches_generate_stream(twin: ModuleType, incremental: bo
 
 
 def test_stream_consumer_abort_and_cancel(twin: ModuleType) -> None:
-    gen = wire.synthetic_generation("g-1", 30)
-    events = [wire.sse(e) for e in wire.stream_events(gen, wire.WireOptions(incremental=True))]
+    gen = writer.synthetic_generation("g-1", 30)
+    events = [writer.sse(e) for e in writer.stream_events(gen, writer.WireOptions(incremental=True))]
 
     async def pieces(stop_after: int, hold_before_done: bool = False) -> AsyncIterator[bytes]:
         for event in events[:stop_after]:
             yield event
             await asyncio.sleep(0)
         await asyncio.sleep(10 if hold_before_done or stop_after < len(events) else 0)
-        yield wire.DONE
+        yield writer.DONE
 
     async def main() -> None:
         partial = StreamConsumer(pieces(10), mode="incremental")

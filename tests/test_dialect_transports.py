@@ -14,7 +14,7 @@ from client_helpers import PROMPT, Transport, abort_after, run, wait_until
 
 from fastaccum import ServerError, StreamResult, StreamTruncatedError
 from fastaccum.emulator import VLLM_ID_PREFIX, Emulator
-from fastaccum.wire import Generation
+from fastaccum.emulator.writer import Generation
 
 PATHS = {"dynamo": "/generate", "vllm": "/inference/v1/generate"}
 # The server's id for a request: Dynamo's is the rid, vLLM's its own prefix and the request_id.

@@ -12,9 +12,8 @@ import numpy as np
 import orjson
 import pytest
 
-from fastaccum import wire_vllm
-from fastaccum.errors import ServerError, StreamFormatError, StreamLengthError, StreamTruncatedError
-from fastaccum.wire import (
+from fastaccum.emulator import writer_vllm
+from fastaccum.emulator.writer import (
     DONE,
     WireOptions,
     split_pieces,
@@ -22,8 +21,9 @@ from fastaccum.wire import (
     stream_events,
     synthetic_generation,
 )
+from fastaccum.errors import ServerError, StreamFormatError, StreamLengthError, StreamTruncatedError
 
-SHAPES = wire_vllm.SHAPES
+SHAPES = writer_vllm.SHAPES
 
 
 def _accumulate(impl: ModuleType, data: bytes, *, pieces: int = 0, **options: Any) -> Any:
@@ -49,7 +49,7 @@ def test_a_vllm_stream_reads_to_the_tokens_logprobs_and_finish_reason(
     impl: ModuleType, shape: str, interval: int, pieces: int
 ) -> None:
     gen = synthetic_generation("r", 40, finish_reason={"type": "stop", "matched": 7})
-    data = wire_vllm.stream_bytes(wire_vllm.stream_chunks(gen, shape=shape, interval=interval))
+    data = writer_vllm.stream_bytes(writer_vllm.stream_chunks(gen, shape=shape, interval=interval))
     result = _accumulate(impl, data, pieces=pieces, dialect="vllm")
     assert result.mode == "incremental"
     assert result.token_ids.tolist() == list(gen.token_ids)
@@ -89,32 +89,32 @@ def test_text_mode_without_log_probs_reads_the_text(impl: ModuleType) -> None:
 @pytest.mark.parametrize("raw", ["length", "abort"])
 def test_vllm_finish_reasons_take_sglangs_form(impl: ModuleType, raw: str) -> None:
     gen = synthetic_generation("r", 5, finish_reason={"type": raw})
-    result = _accumulate(impl, wire_vllm.stream_bytes(wire_vllm.stream_chunks(gen)), dialect="vllm")
+    result = _accumulate(impl, writer_vllm.stream_bytes(writer_vllm.stream_chunks(gen)), dialect="vllm")
     assert result.finish_reason == {"type": raw}
     assert result.meta_info["finish_reason"] == raw
 
 
 def test_a_vllm_stream_without_logprobs_has_none(impl: ModuleType) -> None:
     gen = synthetic_generation("r", 9)
-    result = _accumulate(impl, wire_vllm.stream_bytes(wire_vllm.stream_chunks(gen, logprobs=False)), dialect="vllm")
+    result = _accumulate(impl, writer_vllm.stream_bytes(writer_vllm.stream_chunks(gen, logprobs=False)), dialect="vllm")
     assert result.logprobs is None
     assert result.token_ids.tolist() == list(gen.token_ids)
 
 
 def test_the_usage_chunk_checks_the_token_count(impl: ModuleType) -> None:
     gen = synthetic_generation("r", 6)
-    chunks = list(wire_vllm.stream_chunks(gen))
+    chunks = list(writer_vllm.stream_chunks(gen))
     chunks[-1]["usage"]["completion_tokens"] = 5
     with pytest.raises(StreamLengthError):
-        _accumulate(impl, wire_vllm.stream_bytes(chunks), dialect="vllm")
+        _accumulate(impl, writer_vllm.stream_bytes(chunks), dialect="vllm")
 
 
 def test_only_the_usage_chunk_may_follow_the_finishing_chunk(impl: ModuleType) -> None:
     gen = synthetic_generation("r", 6)
-    chunks = list(wire_vllm.stream_chunks(gen))
-    chunks.insert(-1, wire_vllm.chunk(gen, 5, 6))
+    chunks = list(writer_vllm.stream_chunks(gen))
+    chunks.insert(-1, writer_vllm.chunk(gen, 5, 6))
     with pytest.raises(StreamFormatError, match="after the terminal event"):
-        _accumulate(impl, wire_vllm.stream_bytes(chunks), dialect="vllm")
+        _accumulate(impl, writer_vllm.stream_bytes(chunks), dialect="vllm")
 
 
 # ---- vLLM: how a request ends early ---------------------------------------------------------------
@@ -123,9 +123,9 @@ def test_only_the_usage_chunk_may_follow_the_finishing_chunk(impl: ModuleType) -
 def test_an_abort_chunk_ends_the_stream_aborted_with_the_prefix(impl: ModuleType) -> None:
     # vLLM 0.32 on: a chunk without tokens, finish_reason "abort"
     gen = synthetic_generation("r", 10)
-    chunks = [wire_vllm.chunk(gen, i, i + 1) for i in range(4)]
-    chunks += [wire_vllm.chunk(gen, 4, 4, finish="abort"), wire_vllm.usage_chunk(gen, 4)]
-    result = _accumulate(impl, wire_vllm.stream_bytes(chunks), dialect="vllm")
+    chunks = [writer_vllm.chunk(gen, i, i + 1) for i in range(4)]
+    chunks += [writer_vllm.chunk(gen, 4, 4, finish="abort"), writer_vllm.usage_chunk(gen, 4)]
+    result = _accumulate(impl, writer_vllm.stream_bytes(chunks), dialect="vllm")
     assert result.finish_reason == {"type": "abort"}
     assert result.token_ids.tolist() == list(gen.token_ids[:4])
     assert len(result.logprobs) == 4
@@ -134,28 +134,28 @@ def test_an_abort_chunk_ends_the_stream_aborted_with_the_prefix(impl: ModuleType
 def test_done_without_a_finish_reason_is_a_truncation_that_keeps_the_prefix(impl: ModuleType) -> None:
     # vLLM before 0.32 ends an aborted request so: the caller that asked for the abort keeps it
     gen = synthetic_generation("r", 10)
-    chunks = [wire_vllm.chunk(gen, i, i + 1, shape="0.31") for i in range(3)]
+    chunks = [writer_vllm.chunk(gen, i, i + 1, shape="0.31") for i in range(3)]
     acc = impl.StreamAccumulator(dialect="vllm")
     with pytest.raises(StreamTruncatedError, match="vLLM before 0.32 ends an aborted request"):
-        acc.feed(wire_vllm.stream_bytes(chunks))
+        acc.feed(writer_vllm.stream_bytes(chunks))
     assert acc.snapshot().token_ids.tolist() == list(gen.token_ids[:3])
 
 
 def test_a_usage_chunk_adds_its_counts_to_the_meta_info_of_the_chunk_before_it(impl: ModuleType) -> None:
     # in one piece, so that the compiled twin reads the chunks before it in place
     gen = synthetic_generation("r", 10)
-    chunks = [wire_vllm.chunk(gen, i, i + 1, shape="0.31") for i in range(3)] + [wire_vllm.usage_chunk(gen, 3)]
+    chunks = [writer_vllm.chunk(gen, i, i + 1, shape="0.31") for i in range(3)] + [writer_vllm.usage_chunk(gen, 3)]
     acc = impl.StreamAccumulator(dialect="vllm")
     with pytest.raises(StreamTruncatedError):
-        acc.feed(wire_vllm.stream_bytes(chunks))
+        acc.feed(writer_vllm.stream_bytes(chunks))
     meta = acc.snapshot().meta_info
     assert (meta["request_id"], meta["index"], meta["usage"]["completion_tokens"]) == ("r", 0, 3)
 
 
 def test_a_vllm_error_object_is_a_server_error_after_the_prefix(impl: ModuleType) -> None:
     gen = synthetic_generation("r", 10)
-    data = wire_vllm.stream_bytes([wire_vllm.chunk(gen, 0, 2)], done=False)
-    data += wire_vllm.error_chunk("The engine died", "InternalServerError", 500) + DONE
+    data = writer_vllm.stream_bytes([writer_vllm.chunk(gen, 0, 2)], done=False)
+    data += writer_vllm.error_chunk("The engine died", "InternalServerError", 500) + DONE
     acc = impl.StreamAccumulator(dialect="vllm")
     with pytest.raises(ServerError, match="The engine died"):
         acc.feed(data)
@@ -168,7 +168,7 @@ def test_a_vllm_error_object_is_a_server_error_after_the_prefix(impl: ModuleType
 @pytest.mark.parametrize(("experts", "dtype"), [(64, np.uint8), (512, np.uint16), (70_000, np.int32)])
 def test_routed_experts_arrive_as_the_npy_array_in_its_wire_dtype(impl: ModuleType, experts: int, dtype: Any) -> None:
     gen = synthetic_generation("r", 12, expert_shape=(3, 2), num_experts=experts)
-    data = wire_vllm.stream_bytes(wire_vllm.stream_chunks(gen, routed=True))
+    data = writer_vllm.stream_bytes(writer_vllm.stream_chunks(gen, routed=True))
     result = _accumulate(impl, data, pieces=1000, dialect="vllm", expert_shape=(3, 2))
     assert result.routed_experts.dtype == dtype
     assert result.routed_experts.shape == (16 + 12 - 1, 3, 2)
@@ -177,7 +177,7 @@ def test_routed_experts_arrive_as_the_npy_array_in_its_wire_dtype(impl: ModuleTy
 
 def test_routed_dtype_int32_widens_the_npy_when_the_caller_asks(impl: ModuleType) -> None:
     gen = synthetic_generation("r", 12, expert_shape=(3, 2), num_experts=64)
-    data = wire_vllm.stream_bytes(wire_vllm.stream_chunks(gen, routed=True))
+    data = writer_vllm.stream_bytes(writer_vllm.stream_chunks(gen, routed=True))
     result = _accumulate(impl, data, pieces=1000, dialect="vllm", routed_dtype="int32")
     assert result.routed_experts.dtype == np.int32
     np.testing.assert_array_equal(result.routed_experts, gen.routed_experts)
@@ -187,7 +187,7 @@ def test_routed_dtype_int32_widens_the_npy_when_the_caller_asks(impl: ModuleType
 
 def test_an_npy_of_another_shape_than_expert_shape_is_a_length_error(impl: ModuleType) -> None:
     gen = synthetic_generation("r", 4, expert_shape=(3, 2))
-    data = wire_vllm.stream_bytes(wire_vllm.stream_chunks(gen, routed=True))
+    data = writer_vllm.stream_bytes(writer_vllm.stream_chunks(gen, routed=True))
     with pytest.raises(StreamLengthError, match=r"expert_shape says \(rows, 3, 4\)"):
         _accumulate(impl, data, dialect="vllm", expert_shape=(3, 4))
 
@@ -207,34 +207,34 @@ def test_an_npy_of_another_shape_than_expert_shape_is_a_length_error(impl: Modul
 )
 def test_a_bad_npy_is_refused_and_never_unpickled(impl: ModuleType, npy: str, why: str) -> None:
     gen = synthetic_generation("r", 3)
-    chunks = list(wire_vllm.stream_chunks(gen))
+    chunks = list(writer_vllm.stream_chunks(gen))
     chunks[-2]["choices"][0]["routed_experts"] = npy
     with pytest.raises(StreamFormatError, match=why):
-        _accumulate(impl, wire_vllm.stream_bytes(chunks), dialect="vllm")
+        _accumulate(impl, writer_vllm.stream_bytes(chunks), dialect="vllm")
 
 
 def test_a_chunk_of_another_choice_than_0_is_refused(impl: ModuleType) -> None:
     # n > 1: each chunk holds one of the request's choices; their tokens must not be mixed
     gen = synthetic_generation("r", 4)
-    chunks = list(wire_vllm.stream_chunks(gen))
+    chunks = list(writer_vllm.stream_chunks(gen))
     chunks[2]["choices"][0]["index"] = 1
     with pytest.raises(StreamFormatError, match="n > 1"):
-        _accumulate(impl, wire_vllm.stream_bytes(chunks), dialect="vllm")
+        _accumulate(impl, writer_vllm.stream_bytes(chunks), dialect="vllm")
 
 
 def test_arrays_outside_the_choice_are_not_vllms_and_are_ignored(impl: ModuleType) -> None:
     gen = synthetic_generation("r", 3)
-    chunks = list(wire_vllm.stream_chunks(gen))
+    chunks = list(writer_vllm.stream_chunks(gen))
     chunks[0]["routed_experts"] = ""
     chunks[1]["sampling_mask"] = [[1]]
-    result = _accumulate(impl, wire_vllm.stream_bytes(chunks), dialect="vllm")
+    result = _accumulate(impl, writer_vllm.stream_bytes(chunks), dialect="vllm")
     assert result.routed_experts is None and result.top_p_token_ids is None
     assert "routed_experts" not in result.meta_info
 
 
 def test_the_sampling_mask_becomes_the_top_p_rows(impl: ModuleType) -> None:
     gen = synthetic_generation("r", 20, top_p=True)
-    data = wire_vllm.stream_bytes(wire_vllm.stream_chunks(gen, sampling_mask=True, interval=3))
+    data = writer_vllm.stream_bytes(writer_vllm.stream_chunks(gen, sampling_mask=True, interval=3))
     result = _accumulate(impl, data, dialect="vllm")
     offsets = result.top_p_token_offsets.tolist()
     rows = [result.top_p_token_ids[offsets[i] : offsets[i + 1]].tolist() for i in range(20)]
@@ -243,10 +243,10 @@ def test_the_sampling_mask_becomes_the_top_p_rows(impl: ModuleType) -> None:
 
 def test_a_sampling_mask_that_stops_while_tokens_go_on_is_refused(impl: ModuleType) -> None:
     gen = synthetic_generation("r", 6, top_p=True)
-    chunks = list(wire_vllm.stream_chunks(gen, sampling_mask=True))
+    chunks = list(writer_vllm.stream_chunks(gen, sampling_mask=True))
     chunks[3]["choices"][0]["sampling_mask"] = None
     with pytest.raises(StreamFormatError, match="top-p rows missing"):
-        _accumulate(impl, wire_vllm.stream_bytes(chunks), dialect="vllm")
+        _accumulate(impl, writer_vllm.stream_bytes(chunks), dialect="vllm")
 
 
 # ---- which server: the first event is checked ---------------------------------------------------
@@ -255,7 +255,7 @@ def test_a_sampling_mask_that_stops_while_tokens_go_on_is_refused(impl: ModuleTy
 def test_a_vllm_chunk_read_as_sglang_fails_naming_both(impl: ModuleType) -> None:
     gen = synthetic_generation("r", 3)
     with pytest.raises(StreamFormatError, match=r"vLLM /inference/v1/generate.*dialect='sglang'.*pass dialect='vllm'"):
-        _accumulate(impl, wire_vllm.stream_bytes(wire_vllm.stream_chunks(gen)))
+        _accumulate(impl, writer_vllm.stream_bytes(writer_vllm.stream_chunks(gen)))
 
 
 @pytest.mark.parametrize("dialect", ["sglang", "dynamo"])
@@ -266,10 +266,35 @@ def test_an_sglang_event_read_as_vllm_fails_naming_both(impl: ModuleType, dialec
         _accumulate(impl, data, dialect="vllm")
 
 
-def test_the_gateways_grpc_rendering_is_refused_on_its_first_event(impl: ModuleType) -> None:
-    event = {"text": "Hi", "output_ids": [5], "index": 0, "meta_info": {"id": "x", "finish_reason": None}}
-    with pytest.raises(StreamFormatError, match="gRPC mode"):
-        _accumulate(impl, b"data: " + orjson.dumps(event) + b"\n\n" + DONE)
+def _indexed(meta: dict[str, Any]) -> bytes:
+    event = {"text": "Hi", "output_ids": [5], "index": 0, "meta_info": {"id": "x", "finish_reason": None, **meta}}
+    return b"data: " + orjson.dumps(event) + b"\n\n" + DONE
+
+
+GATEWAY_FIX = r"sgl-model-gateway /generate stream in gRPC mode.*run the gateway in HTTP mode"
+BATCH_FIX = r"SGLang batch stream.*send one prompt per request"
+
+
+def test_the_gateways_grpc_rendering_is_refused_on_its_first_event_naming_the_fix(impl: ModuleType) -> None:
+    # The gateway's gRPC rendering: a top-level index, a running completion_tokens, log-probs
+    # without SGLang's output_token_logprobs_length.
+    grpc = {"completion_tokens": 1, "output_token_logprobs": [[-0.5, 5, None]]}
+    with pytest.raises(StreamFormatError, match=r'event 0: a top-level "index": an ' + GATEWAY_FIX):
+        _accumulate(impl, _indexed(grpc))
+    # Older gateways sent no completion_tokens at all.
+    with pytest.raises(StreamFormatError, match=r'a top-level "index": an ' + GATEWAY_FIX):
+        _accumulate(impl, _indexed({}))
+
+
+def test_an_sglang_batch_stream_is_refused_naming_the_fix(impl: ModuleType) -> None:
+    batch = {"completion_tokens": 1, "output_token_logprobs": [[-0.5, 5, None]], "output_token_logprobs_length": 1}
+    with pytest.raises(StreamFormatError, match=r'event 0: a top-level "index": an ' + BATCH_FIX):
+        _accumulate(impl, _indexed(batch))
+
+
+def test_an_indexed_stream_without_logprobs_names_both_possibilities(impl: ModuleType) -> None:
+    with pytest.raises(StreamFormatError, match=r"either an " + BATCH_FIX + r"\) or an " + GATEWAY_FIX):
+        _accumulate(impl, _indexed({"completion_tokens": 1}))
 
 
 def test_a_dialect_fixes_the_mode_and_refuses_cumulative(impl: ModuleType) -> None:
@@ -334,7 +359,7 @@ def test_the_compiled_scanner_reads_vllm_chunks_as_orjson_does(shape: str, outco
     import fastaccum._cy as cy
 
     gen = synthetic_generation("r", 64, null_logprob_every=9)
-    data = wire_vllm.stream_bytes(wire_vllm.stream_chunks(gen, shape=shape, interval=2))
+    data = writer_vllm.stream_bytes(writer_vllm.stream_chunks(gen, shape=shape, interval=2))
     fast = cy.StreamAccumulator(dialect="vllm")
     slow = cy.StreamAccumulator(dialect="vllm")._debug(fast_scan=False)
     scanned = 0

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fastaccum.wire import (
+from fastaccum.emulator.writer import (
     DONE,
     WireOptions,
     chunk_encode,

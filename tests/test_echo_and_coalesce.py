@@ -11,8 +11,7 @@ import numpy as np
 import orjson
 import pytest
 
-from fastaccum.errors import ServerError, StreamFormatError, StreamLengthError
-from fastaccum.wire import (
+from fastaccum.emulator.writer import (
     WireOptions,
     coalesce,
     echo_event,
@@ -23,6 +22,7 @@ from fastaccum.wire import (
     stream_events,
     synthetic_generation,
 )
+from fastaccum.errors import ServerError, StreamFormatError, StreamLengthError
 
 ECHO_REASON = {"type": "abort", "message": "Abort in waiting queue"}
 

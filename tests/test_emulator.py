@@ -1,4 +1,4 @@
-"""The SGLang emulator over real loopback HTTP, checked byte for byte against fastaccum.wire."""
+"""The SGLang emulator over real loopback HTTP, checked byte for byte against fastaccum.emulator.writer."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ import orjson
 import pybase64
 import pytest
 
-from fastaccum import wire, wire_vllm
-from fastaccum.emulator import ABORT_REASON, Emulator
+from fastaccum.emulator import ABORT_REASON, Emulator, writer, writer_vllm
 
 T = TypeVar("T")
 PROMPT = [11, 12, 13, 14, 15]
@@ -67,9 +66,9 @@ def test_stream_bytes_match_the_wire_writer(incremental: bool, interval: int, ve
 
     body = run(main())
     gen = emulator.expected("r-1", 150, prompt_tokens=len(PROMPT))
-    opts = wire.WireOptions(incremental=incremental, version=version)
+    opts = writer.WireOptions(incremental=incremental, version=version)
     # Lockstep decoding (no token_rate) sends every emission point: the exact bytes SGLang would.
-    assert body == wire.stream_bytes(wire.stream_events(gen, opts, interval=interval))
+    assert body == writer.stream_bytes(writer.stream_events(gen, opts, interval=interval))
 
 
 def test_request_stream_interval_overrides_the_server_flag() -> None:
@@ -179,7 +178,7 @@ def test_non_stream_returns_the_cumulative_terminal_object() -> None:
     status, raw = run(main())
     gen = emulator.expected("n-1", 12, prompt_tokens=len(PROMPT))
     assert status == 200
-    assert raw == orjson.dumps(wire.normal_event(gen, wire.WireOptions(), 0, 12, terminal=True, first=True))
+    assert raw == orjson.dumps(writer.normal_event(gen, writer.WireOptions(), 0, 12, terminal=True, first=True))
 
 
 def test_info_health_and_loads_endpoints() -> None:
@@ -246,8 +245,8 @@ def test_abort_of_a_queued_request_sends_the_echo_chunk(incremental: bool, versi
 
     body = run(main())
     gen = emulator.expected("q-wait", 50, prompt_tokens=len(PROMPT))
-    opts = wire.WireOptions(incremental=incremental, version=version)
-    assert body == wire.sse(wire.echo_event(gen, opts, 0, first=True)) + wire.DONE
+    opts = writer.WireOptions(incremental=incremental, version=version)
+    assert body == writer.sse(writer.echo_event(gen, opts, 0, first=True)) + writer.DONE
 
 
 def test_abort_matches_rids_by_prefix_and_abort_all_hits_everything() -> None:
@@ -333,9 +332,9 @@ def test_http_500_and_unknown_fault_kinds() -> None:
     [
         (
             {"kind": "error_event", "message": "boom", "code": 503, "at": 2},
-            wire.sse(wire.error_event("boom", 503)) + wire.DONE,
+            writer.sse(writer.error_event("boom", 503)) + writer.DONE,
         ),
-        ({"kind": "malformed_json", "at": 2}, b'data: {"text":"broken","output_ids":[1,\n\n' + wire.DONE),
+        ({"kind": "malformed_json", "at": 2}, b'data: {"text":"broken","output_ids":[1,\n\n' + writer.DONE),
     ],
     ids=["error_event", "malformed_json"],
 )
@@ -348,7 +347,9 @@ def test_faults_that_replace_an_event(fault: dict[str, Any], tail: bytes) -> Non
 
     body = run(main())
     gen = emulator.expected("f-1", 10, prompt_tokens=len(PROMPT))
-    head = wire.stream_bytes(list(wire.stream_events(gen, wire.WireOptions(return_logprob=False)))[:2], done=False)
+    head = writer.stream_bytes(
+        list(writer.stream_events(gen, writer.WireOptions(return_logprob=False)))[:2], done=False
+    )
     assert body == head + tail
 
 
@@ -365,7 +366,7 @@ def test_cut_fault_ends_the_connection_mid_event() -> None:
 def test_split_coalesce_and_zero_token_terminal_faults() -> None:
     emulator = Emulator(incremental_streaming_output=True)
     gen = emulator.expected("f-1", 10, prompt_tokens=len(PROMPT))
-    opts = wire.WireOptions(incremental=True, return_logprob=False)
+    opts = writer.WireOptions(incremental=True, return_logprob=False)
 
     async def main() -> dict[str, bytes]:
         async with emulator as url:
@@ -375,9 +376,9 @@ def test_split_coalesce_and_zero_token_terminal_faults() -> None:
             }
 
     bodies = run(main())
-    normal = list(wire.stream_events(gen, opts))
-    assert bodies["split"] == wire.stream_bytes(normal)
-    merged = [wire.coalesce(normal[i : i + 3]) for i in range(0, 10, 3)]
+    normal = list(writer.stream_events(gen, opts))
+    assert bodies["split"] == writer.stream_bytes(normal)
+    merged = [writer.coalesce(normal[i : i + 3]) for i in range(0, 10, 3)]
     merged[0]["meta_info"]["response_sent_to_client_ts"] = normal[0]["meta_info"]["response_sent_to_client_ts"]
     coalesced = events_of(bodies["coalesce"])
     assert [e["output_ids"] for e in coalesced[:-1]] == [m["output_ids"] for m in merged]
@@ -403,7 +404,7 @@ def test_duplicate_rid_is_an_error_event() -> None:
                 await wait_until(lambda: emulator.running == 1)
                 return (await post_body(url, payload("dup-", 5)))[1]
 
-    assert run(main()) == wire.sse(wire.error_event("Duplicate request ID: dup-")) + wire.DONE
+    assert run(main()) == writer.sse(writer.error_event("Duplicate request ID: dup-")) + writer.DONE
 
 
 def test_expected_is_prefix_stable_and_seeded() -> None:
@@ -435,7 +436,7 @@ def test_retracted_request_ends_with_the_echo_of_everything_decoded(incremental:
     assert events[-1] == "[DONE]" and len(events) == 5
     echo = events[-2]
     gen = emulator.expected("r-1", 4, prompt_tokens=len(PROMPT))
-    expected_echo = wire.echo_event(gen, wire.WireOptions(incremental=incremental, return_logprob=True), 4)
+    expected_echo = writer.echo_event(gen, writer.WireOptions(incremental=incremental, return_logprob=True), 4)
     assert echo == orjson.loads(orjson.dumps(expected_echo))
     assert echo["meta_info"]["completion_tokens"] == 4 and len(echo["meta_info"]["output_token_logprobs"]) == 4
     assert emulator.stats.written["r-1"] == 4 and emulator.retracted == 0
@@ -489,7 +490,7 @@ def test_dynamo_streams_sglang_incremental_events_with_the_public_id() -> None:
 
     body, by_header, generated, (abort_status, _) = run(main())
     gen = emulator.expected("dyn-1", 30, prompt_tokens=len(PROMPT))
-    assert body == wire.stream_bytes(wire.stream_events(gen, wire.WireOptions(incremental=True), interval=4))
+    assert body == writer.stream_bytes(writer.stream_events(gen, writer.WireOptions(incremental=True), interval=4))
     assert by_header["meta_info"]["id"] == "hdr-7"
     assert len(generated["meta_info"]["id"]) == 36 and generated["meta_info"]["id"].count("-") == 4  # a UUID
     assert abort_status == 404 and emulator.stats.calls["/abort_request"] == 1
@@ -521,14 +522,14 @@ def test_dynamo_faults_end_the_stream_as_its_frontend_does(kind: str) -> None:
 
     body = run(main())
     gen = emulator.expected("f-1", 10, prompt_tokens=len(PROMPT))
-    events = list(wire.stream_events(gen, wire.WireOptions(incremental=True, return_logprob=False)))
+    events = list(writer.stream_events(gen, writer.WireOptions(incremental=True, return_logprob=False)))
     tails = {
-        "dynamo_error": wire.stream_bytes(events[:2], done=False)
+        "dynamo_error": writer.stream_bytes(events[:2], done=False)
         + b'data: {"error":{"message":"Internal server error"}}\n\n',
-        "dynamo_killed": wire.stream_bytes(events[:3], done=False),
-        "dynamo_stopped": wire.stream_bytes(events[:3], done=False),
+        "dynamo_killed": writer.stream_bytes(events[:3], done=False),
+        "dynamo_stopped": writer.stream_bytes(events[:3], done=False),
     }
-    assert body == tails[kind] + (b"" if kind == "dynamo_killed" else wire.DONE)
+    assert body == tails[kind] + (b"" if kind == "dynamo_killed" else writer.DONE)
     assert events[2]["meta_info"]["finish_reason"] is None
 
 
@@ -555,11 +556,11 @@ def test_vllm_stream_bytes_match_the_chunk_writer(shape: str) -> None:
     # Tokens keyed by the request_id, the chunks carrying vLLM's own id for it.
     gen = emulator.expected("v-1", 20, prompt_tokens=len(PROMPT), finish_reason={"type": "length"})
     gen = dataclasses.replace(gen, rid="generate-tokens-v-1")
-    assert full == wire_vllm.stream_bytes(wire_vllm.stream_chunks(gen, shape=shape, interval=3))
+    assert full == writer_vllm.stream_bytes(writer_vllm.stream_chunks(gen, shape=shape, interval=3))
     gen = emulator.expected("v-2", 5, prompt_tokens=len(PROMPT), finish_reason={"type": "length"})
     gen = dataclasses.replace(gen, rid="generate-tokens-v-2")
-    chunks = wire_vllm.stream_chunks(gen, shape=shape, interval=3, logprobs=False, usage=False)
-    assert bare == wire_vllm.stream_bytes(chunks)
+    chunks = writer_vllm.stream_chunks(gen, shape=shape, interval=3, logprobs=False, usage=False)
+    assert bare == writer_vllm.stream_bytes(chunks)
 
 
 @pytest.mark.parametrize("shape", ["0.32", "0.31"])
@@ -673,9 +674,9 @@ def test_vllm_error_fault_and_refusals() -> None:
 
     (status, body), (bad_status, bad), (wrong_status, wrong) = run(main())
     gen = emulator.expected("e-1", 5, prompt_tokens=len(PROMPT))
-    first = wire_vllm.sse(wire_vllm.chunk(dataclasses.replace(gen, rid="generate-tokens-e-1"), 0, 1))
+    first = writer_vllm.sse(writer_vllm.chunk(dataclasses.replace(gen, rid="generate-tokens-e-1"), 0, 1))
     # By default the engine error vLLM writes: InternalServerError, 500.
-    assert status == 200 and body == first + wire_vllm.error_chunk("boom", "InternalServerError", 500) + wire.DONE
+    assert status == 200 and body == first + writer_vllm.error_chunk("boom", "InternalServerError", 500) + writer.DONE
     assert bad_status == 400 and "token_ids" in orjson.loads(bad)["error"]["message"]
     assert wrong_status == 400 and b"not one a vllm server produces" in wrong
     with pytest.raises(ValueError, match="vllm_shape"):

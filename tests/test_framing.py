@@ -9,8 +9,7 @@ import numpy as np
 import orjson
 import pytest
 
-from fastaccum.errors import StreamFormatError, StreamLimitError, StreamTruncatedError
-from fastaccum.wire import (
+from fastaccum.emulator.writer import (
     DONE,
     WireOptions,
     normal_event,
@@ -20,6 +19,7 @@ from fastaccum.wire import (
     stream_events,
     synthetic_generation,
 )
+from fastaccum.errors import StreamFormatError, StreamLimitError, StreamTruncatedError
 
 INC = WireOptions(incremental=True)
 CUM = WireOptions()

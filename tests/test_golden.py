@@ -23,7 +23,7 @@ import numpy as np
 import orjson
 import pytest
 
-from fastaccum import wire
+from fastaccum.emulator import writer
 from fastaccum.errors import ServerError, StreamTruncatedError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +59,7 @@ def _load_cases() -> list[tuple[str, str, dict[str, Any]]]:
 # Real differences found against SGLang's bytes, keyed by scenario name. Strict xfail: each one
 # turns into a failure once fixed, so the entry must then go.
 WIRE_DIFFERENCES: dict[str, str] = {
-    # fastaccum.wire (the emulator's writer) against SGLang: none known. (A first-event echo's
+    # fastaccum.emulator.writer (the emulator's writer) against SGLang: none known. (A first-event echo's
     # response_sent_to_client_ts, found by this tier, is written since.)
 }
 ACCUMULATOR_DIFFERENCES: dict[str, str] = {
@@ -146,7 +146,7 @@ def test_golden_replays_to_expected_result(
     impl: ModuleType, version: str, name: str, entry: dict[str, Any], piece_size: int
 ) -> None:
     data = (GOLDEN / version / entry["file"]).read_bytes()
-    pieces = wire.split_pieces(data, [piece_size]) if piece_size else [data]
+    pieces = writer.split_pieces(data, [piece_size]) if piece_size else [data]
     expect = entry["expect"]
     if expect["outcome"] == "ok":
         for mode in (expect["mode"], "auto"):
@@ -177,7 +177,7 @@ def test_golden_replays_to_expected_result(
 def test_manifest_matches_token_source(version: str, name: str, entry: dict[str, Any]) -> None:
     """The expectations were computed from the token source, not read back from SGLang's bytes."""
     src = entry["source"]
-    gen = wire.synthetic_generation(
+    gen = writer.synthetic_generation(
         src["rid"],
         src["n"],
         seed=src["seed"],
@@ -227,11 +227,11 @@ def _golden_events(data: bytes) -> tuple[list[dict[str, Any]], bool]:
 
 
 def _emulated_events(version: str, name: str, entry: dict[str, Any]) -> list[dict[str, Any]]:
-    """What fastaccum.wire writes for the same token source, emission points and reads."""
+    """What fastaccum.emulator.writer writes for the same token source, emission points and reads."""
     sc = SCENARIOS[name]
     src, sched = entry["source"], entry["scheduler"]
     finish = entry["expect"].get("finish_reason") if sc.kind != "echo" else None
-    gen = wire.synthetic_generation(
+    gen = writer.synthetic_generation(
         src["rid"],
         src["n"],
         seed=src["seed"],
@@ -240,7 +240,7 @@ def _emulated_events(version: str, name: str, entry: dict[str, Any]) -> list[dic
         finish_reason=finish if entry["expect"]["outcome"] == "ok" else None,
         **_replay_options(src),
     )
-    opts = wire.WireOptions(
+    opts = writer.WireOptions(
         incremental=sc.incremental,
         return_logprob=sc.logprob,
         logprob_text=sc.logprob_text,
@@ -256,12 +256,12 @@ def _emulated_events(version: str, name: str, entry: dict[str, Any]) -> list[dic
             terminal = k == len(points) - 1 and sc.kind != "echo"
             # SGLang stamps response_sent_to_client_ts on the first event it sends (after coalescing).
             first = index == 0 and j == len(group) - 1 and not with_echo
-            chunks.append(wire.normal_event(gen, opts, start, points[k], terminal=terminal, first=first))
+            chunks.append(writer.normal_event(gen, opts, start, points[k], terminal=terminal, first=first))
         if with_echo:
-            chunks.append(wire.echo_event(gen, opts, points[-1] if points else 0, first=index == 0))
-        events.append(wire.coalesce(chunks) if opts.incremental and len(chunks) > 1 else chunks[-1])
+            chunks.append(writer.echo_event(gen, opts, points[-1] if points else 0, first=index == 0))
+        events.append(writer.coalesce(chunks) if opts.incremental and len(chunks) > 1 else chunks[-1])
     if sc.error_after is not None:
-        events.append(wire.error_event(sc.error_message))
+        events.append(writer.error_event(sc.error_message))
     return events
 
 
@@ -300,7 +300,7 @@ def test_emulator_writes_what_sglang_writes(version: str, name: str, entry: dict
 @pytest.mark.parametrize(("version", "name", "entry"), PARSE_CASES)
 def test_emulator_stream_parses_like_golden(impl: ModuleType, version: str, name: str, entry: dict[str, Any]) -> None:
     expect = entry["expect"]
-    emulated = wire.stream_bytes(_emulated_events(version, name, entry))
+    emulated = writer.stream_bytes(_emulated_events(version, name, entry))
     if expect["outcome"] != "ok":
         with pytest.raises(ServerError):
             impl.accumulate([emulated])

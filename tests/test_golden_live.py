@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fastaccum import wire
+from fastaccum.emulator import writer
 from fastaccum.errors import ServerError
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -39,7 +39,7 @@ CASES = _cases()
 def _feed(impl: ModuleType, engine: str, data: bytes, piece_size: int, **options: Any) -> tuple[Any, Any]:
     acc = impl.StreamAccumulator(dialect="vllm" if engine == "vllm" else "sglang", **options)
     try:
-        for piece in wire.split_pieces(data, [piece_size]) if piece_size else [data]:
+        for piece in writer.split_pieces(data, [piece_size]) if piece_size else [data]:
             acc.feed(piece)
         return acc, acc.finish()
     except ServerError as exc:

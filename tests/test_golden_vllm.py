@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fastaccum import wire
+from fastaccum.emulator import writer
 from fastaccum.errors import ServerError, StreamTruncatedError
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -44,7 +44,7 @@ def test_vllm_golden_reads_to_what_its_scenario_sent(
     impl: ModuleType, folder: Path, entry: dict[str, Any], piece_size: int
 ) -> None:
     data = (folder / entry["file"]).read_bytes()
-    pieces = wire.split_pieces(data, [piece_size]) if piece_size else [data]
+    pieces = writer.split_pieces(data, [piece_size]) if piece_size else [data]
     expect = entry["expect"]
     acc = impl.StreamAccumulator(dialect="vllm")
     if expect["outcome"] == "error_event":

@@ -18,7 +18,7 @@ import pytest
 from client_helpers import CHUNKED_HEAD, EVENTS, RawServer, Transport, chunks, payload, run
 
 from fastaccum import ServerError, StreamError, StreamFormatError, StreamTruncatedError
-from fastaccum.wire import chunk_encode
+from fastaccum.emulator.writer import chunk_encode
 
 BOUND_S = 8.0  # a case that has not ended by then waits for bytes that would not help: a failure
 DONE = b"data: [DONE]\n\n"

@@ -132,9 +132,30 @@ def test_import_from_the_source_tree_says_it_shadows_the_installed_package(requi
         [sys.executable, "-c", "import fastaccum"], env=environment, capture_output=True, text=True, cwd=ROOT
     )
     assert done.returncode != 0
-    assert done.stderr.strip().splitlines()[-1] == (
-        "ImportError: fastaccum is imported from its source tree, which shadows the installed package; "
-        "run with python -P, or from another directory"
+    assert done.stderr.strip() == (
+        "fastaccum: error: fastaccum is imported from its source tree, which shadows the installed "
+        "package; run with python -P, or from another directory"
+    )
+
+
+@pytest.mark.parametrize("twin", ["compiled", "pure"])
+@pytest.mark.parametrize("require", ["0", "1"])
+def test_a_missing_dependency_is_named_in_one_line_not_blamed_on_the_source_tree(twin: str, require: str) -> None:
+    if twin == "compiled" and fastaccum.IMPLEMENTATION != "cython":
+        pytest.skip("the compiled core is not installed")
+    if twin == "pure" and require == "1":
+        pytest.skip("the pure twin with the compiled core required is refused before any import")
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("FASTACCUM_")}
+    environment["FASTACCUM_REQUIRE_EXTENSIONS"] = require
+    if twin == "pure":
+        environment["FASTACCUM_NO_EXTENSIONS"] = "1"
+    # As if pybase64 were not installed: an import of it fails as a missing module does.
+    code = "import sys; sys.modules['pybase64'] = None; import fastaccum"
+    done = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True, cwd="/")
+    assert done.returncode != 0
+    assert done.stderr.strip() == (
+        "fastaccum: error: fastaccum needs pybase64, which is not installed: pip install pybase64 "
+        "(or reinstall fastaccum, which installs its dependencies)"
     )
 
 
@@ -173,7 +194,7 @@ def test_each_twins_accumulator_uses_its_own_chunked_decoder(impl: ModuleType) -
 
 
 def test_both_twins_keep_the_state_the_shared_base_reads(impl: ModuleType) -> None:
-    from fastaccum._base import STATE
+    from fastaccum._core.base import STATE
 
     acc = impl.StreamAccumulator()
     missing = [name for name in STATE if not hasattr(acc, name)]
@@ -182,7 +203,7 @@ def test_both_twins_keep_the_state_the_shared_base_reads(impl: ModuleType) -> No
 
 @pytest.mark.c_extension
 def test_the_compiled_core_lets_the_base_write_only_what_it_sets() -> None:
-    from fastaccum._base import STATE, STATE_WRITTEN
+    from fastaccum._core.base import STATE, STATE_WRITTEN
     from fastaccum._cy import StreamAccumulator
 
     acc = StreamAccumulator()

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 import orjson
 import pytest
 
+from fastaccum.emulator.writer import DONE, WireOptions, error_event, normal_event, synthetic_generation
 from fastaccum.errors import (
     ServerError,
     StreamError,
@@ -17,7 +18,6 @@ from fastaccum.errors import (
     StreamLimitError,
     StreamTruncatedError,
 )
-from fastaccum.wire import DONE, WireOptions, error_event, normal_event, synthetic_generation
 
 INC = WireOptions(incremental=True, logprob_text=True)
 GEN = synthetic_generation("bad", 6)

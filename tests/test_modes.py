@@ -11,8 +11,7 @@ import numpy as np
 import orjson
 import pytest
 
-from fastaccum.errors import ServerError, StreamFormatError, StreamLengthError
-from fastaccum.wire import (
+from fastaccum.emulator.writer import (
     DONE,
     WireOptions,
     emission_points,
@@ -24,6 +23,7 @@ from fastaccum.wire import (
     stream_events,
     synthetic_generation,
 )
+from fastaccum.errors import ServerError, StreamFormatError, StreamLengthError
 
 INC = WireOptions(incremental=True)
 CUM = WireOptions()

@@ -13,8 +13,15 @@ import numpy as np
 import pytest
 
 from fastaccum.emulator import Emulator
+from fastaccum.emulator.writer import (
+    WireOptions,
+    encode_int32,
+    split_pieces,
+    stream_bytes,
+    stream_events,
+    synthetic_generation,
+)
 from fastaccum.errors import StreamFormatError, StreamLengthError
-from fastaccum.wire import WireOptions, encode_int32, split_pieces, stream_bytes, stream_events, synthetic_generation
 
 INC = WireOptions(incremental=True)
 CUM = WireOptions()

@@ -10,8 +10,7 @@ import orjson
 import pybase64
 import pytest
 
-from fastaccum.errors import StreamFormatError, StreamLengthError
-from fastaccum.wire import (
+from fastaccum.emulator.writer import (
     WireOptions,
     encode_int32,
     split_pieces,
@@ -19,6 +18,7 @@ from fastaccum.wire import (
     stream_events,
     synthetic_generation,
 )
+from fastaccum.errors import StreamFormatError, StreamLengthError
 
 INC = WireOptions(incremental=True)
 CUM = WireOptions()

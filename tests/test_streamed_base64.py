@@ -13,7 +13,7 @@ import random
 import numpy as np
 import pytest
 
-from fastaccum.wire import WireOptions, split_pieces, stream_bytes, stream_events, synthetic_generation
+from fastaccum.emulator.writer import WireOptions, split_pieces, stream_bytes, stream_events, synthetic_generation
 
 pytestmark = pytest.mark.c_extension
 

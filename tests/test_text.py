@@ -10,8 +10,7 @@ import numpy as np
 import orjson
 import pytest
 
-from fastaccum.errors import StreamFormatError
-from fastaccum.wire import (
+from fastaccum.emulator.writer import (
     TEXT_PIECES,
     WireOptions,
     normal_event,
@@ -20,6 +19,7 @@ from fastaccum.wire import (
     stream_events,
     synthetic_generation,
 )
+from fastaccum.errors import StreamFormatError
 
 INC = WireOptions(incremental=True)
 CUM = WireOptions()

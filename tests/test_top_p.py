@@ -11,8 +11,7 @@ import orjson
 import pybase64
 import pytest
 
-from fastaccum.errors import StreamFormatError, StreamLengthError
-from fastaccum.wire import (
+from fastaccum.emulator.writer import (
     WireOptions,
     echo_event,
     encode_int32,
@@ -22,6 +21,7 @@ from fastaccum.wire import (
     stream_events,
     synthetic_generation,
 )
+from fastaccum.errors import StreamFormatError, StreamLengthError
 
 INC = WireOptions(incremental=True)
 CUM = WireOptions()

@@ -396,7 +396,7 @@ def test_client_on_uvloop_and_timing(twin: ModuleType, loop: str) -> None:
 
 def test_gap_quantiles_are_within_the_histograms_resolution() -> None:
     """StreamTiming's p50/p99 come from a log histogram: within about 4.5% of the exact quantile."""
-    from fastaccum._timing import GapHistogram
+    from fastaccum.transport.timing import GapHistogram
 
     rng = random.Random(7)
     gaps = [rng.lognormvariate(-4.6, 1.2) for _ in range(5000)]  # around 10 ms, spread over decades

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build fastaccum's release artifacts on this machine, without containers: the sdist, then from the
+# Build fastaccum's release artifacts locally, without containers: the sdist, then from the
 # sdist one repaired manylinux wheel per CPython 3.11-3.13 found, each checked (tag, size, no debug
 # info, no build-machine run path) and tested in a fresh venv with the sdist's own fast test set;
 # then an aarch64 cross-compile of the release build. cibuildwheel (pyproject.toml) makes the same
@@ -102,7 +102,7 @@ for v in "${FOUND[@]}"; do
     py="${PYTHONS[$v]}"
     log="$WORK/build-$v.log"
     # -g0 after CPython's own -g: no DWARF in the .so (3.3 MB with it, 0.6 MB without). LDSHARED
-    # without the interpreter's -rpath, which would point the wheel at this machine's pyenv.
+    # without the interpreter's -rpath, which would point the wheel at the build machine's pyenv.
     CFLAGS="-g0" LDSHARED="${CC:-gcc} -shared" FASTACCUM_REQUIRE_EXTENSIONS=1 \
         "$py" -m pip wheel --no-deps --no-cache-dir --wheel-dir "$WORK/raw/$v" "$SDIST" >"$log" 2>&1 \
         || { tail -30 "$log"; fail "wheel build for CPython $v"; }
@@ -150,11 +150,12 @@ if [ "$RUN_TESTS" = 1 ]; then
         "$venv/bin/pip" install --quiet --upgrade pip
         "$venv/bin/pip" install --quiet "${WHEELS[$v]}[test-fast]"
         if [ "$v" = 3.11 ]; then
-            # The slime tests need torch. Only the CPU build the machine carries for 3.11 is
-            # acceptable (the +cpu label is not on PyPI, so this never pulls a CUDA build); where it
-            # is missing, or on 3.12+, the slime tests skip themselves.
-            "$venv/bin/pip" install --quiet --only-binary :all: "torch==2.13.0+cpu" 2>/dev/null \
-                || echo "CPython 3.11: torch==2.13.0+cpu is not available here; the slime tests will skip"
+            # The slime tests need torch. Only a local CPU build is acceptable (the +cpu label is
+            # not on PyPI, so this never pulls a CUDA build): pip's find-links, or the folder in
+            # FASTACCUM_TORCH_WHEELS; where it is missing, or on 3.12+, the slime tests skip.
+            "$venv/bin/pip" install --quiet --only-binary :all: ${FASTACCUM_TORCH_WHEELS:+--find-links "$FASTACCUM_TORCH_WHEELS"} \
+                "torch==2.13.0+cpu" 2>/dev/null \
+                || echo "CPython 3.11: no local torch==2.13.0+cpu wheel; the slime tests will skip"
         fi
         # From $WORK with -P: nothing but the installed wheel can answer "import fastaccum".
         (cd "$WORK" && FASTACCUM_REQUIRE_EXTENSIONS=1 "$venv/bin/python" -P -c "
@@ -180,7 +181,7 @@ fi
 # ---- aarch64: cross-compile the release build ------------------------------------------------------
 # Proves the Cython output and fastaccum's own C (the AVX2 decoder is x86-64 only) compile and link
 # for aarch64 with the release flags and directives. It cannot run the result, and it compiles
-# against this machine's CPython headers (LP64 like aarch64's); cibuildwheel's aarch64 job builds
+# against the build machine's CPython headers (LP64 like aarch64's); cibuildwheel's aarch64 job builds
 # and tests the real wheel.
 CROSS_CC=aarch64-linux-gnu-gcc
 AARCH64_RESULT="skipped (--no-aarch64)"

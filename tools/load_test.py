@@ -44,10 +44,9 @@ import aiohttp
 import numpy as np
 
 import fastaccum
-import fastaccum.aiohttp_stream
-import fastaccum.client
-import fastaccum.consumer
-from fastaccum.aiohttp_stream import STREAM_TIMEOUT, GenerateStream
+import fastaccum.transport.aiohttp_stream
+import fastaccum.transport.client
+import fastaccum.transport.consumer
 from fastaccum.emulator import ABORT_REASON, Emulator
 from fastaccum.errors import (
     ServerError,
@@ -57,6 +56,7 @@ from fastaccum.errors import (
     StreamTimeoutError,
     StreamTruncatedError,
 )
+from fastaccum.transport.aiohttp_stream import STREAM_TIMEOUT, GenerateStream
 
 PROMPT = [11, 12, 13, 14, 15]
 TOKEN_RATE = 2000.0  # tokens/s per request in the emulators
@@ -436,7 +436,7 @@ def run(
 
         accumulator = _cy.StreamAccumulator
     # Each transport module names the twin its streams feed.
-    transports = (fastaccum.consumer, fastaccum.aiohttp_stream, fastaccum.client)
+    transports = (fastaccum.transport.consumer, fastaccum.transport.aiohttp_stream, fastaccum.transport.client)
     saved = [module.StreamAccumulator for module in transports]
     for module in transports:
         module.StreamAccumulator = accumulator  # type: ignore[misc]

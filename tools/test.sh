@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 export FASTACCUM_REQUIRE_EXTENSIONS=1  # the build fails, and the import refuses to fall back
 python3 -m venv .venv
 .venv/bin/pip install --quiet --upgrade pip
-.venv/bin/pip install --quiet -c .ci/constraints.txt '.[test]' torch  # the pinned CPU build
+.venv/bin/pip install --quiet ${FASTACCUM_TORCH_WHEELS:+--find-links "$FASTACCUM_TORCH_WHEELS"} \
+    -c .ci/constraints.txt '.[test]' torch  # the pinned CPU build, a local wheel (.ci/constraints.txt)
 .venv/bin/python -P -c 'import fastaccum; assert fastaccum.IMPLEMENTATION == "cython"; print("fastaccum", fastaccum.__version__, fastaccum.IMPLEMENTATION)'
 .venv/bin/fastaccum demo  # the README's first command, as a newcomer runs it
 .venv/bin/mypy -p fastaccum  # strict (pyproject.toml); fastaccum/_py links the pure twin

@@ -36,7 +36,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 async def _demo_async(args: argparse.Namespace) -> int:
-    from fastaccum.client import Client, ClientStream
+    from fastaccum.transport.client import Client, ClientStream
 
     if args.dialect != "sglang" and "cumulative" in (args.mode, args.server_mode):
         raise CommandError(f"{args.dialect} streams are incremental: --mode and --server-mode cannot be cumulative", 2)

@@ -21,7 +21,7 @@ _PIECE_BYTES = 64 * 1024  # a typical socket read; the accumulator accepts any s
 
 def run_replay(args: argparse.Namespace) -> int:
     from fastaccum import StreamAccumulator, StreamError, StreamTruncatedError
-    from fastaccum.consumer import FIRST_BYTES, not_an_event_stream
+    from fastaccum.transport.consumer import FIRST_BYTES, not_an_event_stream
 
     try:
         accumulator = StreamAccumulator(

@@ -1,11 +1,11 @@
 """An SGLang ``/generate`` server emulator on aiohttp.web: the demo's server and every network test's double.
 
-The bytes come from ``fastaccum.wire`` (orjson, SGLang 0.5.23 key order, ``data: …\\n\\n``,
+The bytes come from ``fastaccum.emulator.writer`` (orjson, SGLang 0.5.23 key order, ``data: …\\n\\n``,
 ``data: [DONE]\\n\\n``), so the emulator follows docs/wire-format.md; ``version="0.5.15"``
 switches the stream-interval rule and the echo ``output_ids`` (its sections "Stream interval and
 coalescing", "The abort echo" and "Version differences").
 
-Tokens are a pure function of (seed, rid, position) (``wire.synthetic_generation``), so a client can
+Tokens are a pure function of (seed, rid, position) (``writer.synthetic_generation``), so a client can
 check every token with ``Emulator.expected``. Each running request has a decode task that produces
 tokens and queues outputs; the HTTP handler drains the queue like SGLang's tokenizer manager:
 cumulative mode sends only the newest output (dropped frames), incremental mode coalesces them.
@@ -25,7 +25,7 @@ server's ``fault`` option, a dict ``{"kind": …, "at": event index (default 1),
 - ``http_500``: HTTP 500 with a JSON body before any SSE byte
 - ``stall``: ``seconds`` (default 1.0) of silence before event ``at`` (``"done"``: before [DONE])
 - ``coalesce``: events go out in groups of ``count`` (default 3) outputs: incremental deltas are
-  merged (``wire.coalesce``), cumulative frames dropped
+  merged (``writer.coalesce``), cumulative frames dropped
 - ``zero_token_terminal``: the terminal event carries no new token
 - ``split``: every event is written in pieces of ``size`` bytes (default 7)
 - ``retract``: before event ``at`` the request is retracted (it stops decoding and keeps its
@@ -33,7 +33,7 @@ server's ``fault`` option, a dict ``{"kind": …, "at": event index (default 1),
   holding every token decoded so far; without one, it stays silent for ``seconds`` (default 30)
 - ``strip_keys``: every event's ``meta_info`` lacks the listed ``keys``
 
-Other servers (``dialect=``, docs/dialects.md; fastaccum.emulator._dialects):
+Other servers (``dialect=``, docs/dialects.md; fastaccum.emulator._dialect_servers):
 
 - ``"dynamo"``: Dynamo's frontend before SGLang workers. ``POST /generate`` streams SGLang's
   incremental events (whatever ``incremental_streaming_output`` says) with ``meta_info.id`` the
@@ -46,7 +46,7 @@ Other servers (``dialect=``, docs/dialects.md; fastaccum.emulator._dialects):
 - ``"vllm"``: ``POST /inference/v1/generate`` (``token_ids``, ``sampling_params`` with
   ``max_tokens`` (default 128, standing for the model's context), ``logprobs`` (null: none),
   ``stop_token_ids``, ``stream_interval``; ``stream_options.include_usage``, ``request_id``),
-  written by fastaccum.wire_vllm in the shape of ``vllm_shape``. Tokens are keyed by the
+  written by fastaccum.emulator.writer_vllm in the shape of ``vllm_shape``. Tokens are keyed by the
   ``request_id`` (``expected(request_id, n)``; the ``X-Request-Id`` header overrides it), but the
   chunks, the stats and every abort use vLLM's own id, ``VLLM_ID_PREFIX + request_id``
   (``generate-tokens-<id>``). As in vLLM, routed
@@ -59,14 +59,14 @@ Other servers (``dialect=``, docs/dialects.md; fastaccum.emulator._dialects):
   ``"0.32"`` ends with a chunk of no new tokens and finish_reason ``"abort"``, ``"0.31"`` skips
   that chunk (the usage chunk and [DONE] follow, no finish_reason). ``GET /load`` answers
   ``{"server_load": requests held}``, ``GET /health`` is empty. Faults: ``vllm_error``
-  (``wire_vllm.error_chunk`` then [DONE], instead of event ``at``; by default vLLM's engine error,
+  (``writer_vllm.error_chunk`` then [DONE], instead of event ``at``; by default vLLM's engine error,
   ``Internal server error``, 500), and ``malformed_json``,
   ``cut``, ``http_500``, ``stall``, ``coalesce``, ``split`` as above.
 
 ``EmulatorStats.calls`` counts the requests each path received, served or not.
 """
 
-from fastaccum.emulator._dialects import VLLM_ID_PREFIX
+from fastaccum.emulator._dialect_servers import VLLM_ID_PREFIX
 from fastaccum.emulator._requests import ABORT_REASON, FAULT_KEY, FAULT_KINDS, EmulatorStats
 from fastaccum.emulator._server import Emulator
 

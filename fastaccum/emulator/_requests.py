@@ -8,8 +8,8 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastaccum import wire
-from fastaccum.wire import Generation, WireOptions
+from fastaccum.emulator import writer
+from fastaccum.emulator.writer import Generation, WireOptions
 
 __all__ = (
     "ABORT_REASON",
@@ -39,7 +39,7 @@ FAULT_KINDS = (
     "split",
     "retract",
     "strip_keys",
-    # what Dynamo's frontend and vLLM write (fastaccum.emulator._dialects)
+    # what Dynamo's frontend and vLLM write (fastaccum.emulator._dialect_servers)
     "dynamo_error",
     "dynamo_killed",
     "dynamo_stopped",
@@ -136,7 +136,7 @@ async def decode(
     "Stream interval and coalescing"). An abort decodes ``abort_step`` more tokens first (SGLang
     one, vLLM none)."""
     n, fault_kind = len(req.gen.token_ids), req.fault.get("kind")
-    points = set(wire.emission_points(n, req.interval, req.opts.version)[:-1])
+    points = set(writer.emission_points(n, req.interval, req.opts.version)[:-1])
     loop = asyncio.get_running_loop()
     start = loop.time()
     k = prev = 0
@@ -195,12 +195,12 @@ async def decode(
 def build_event(req: Request, outs: list[Output], *, first: bool) -> dict[str, Any]:
     """One wire event for the queued outputs: newest only (cumulative), coalesced (incremental)."""
     events = [
-        wire.normal_event(
+        writer.normal_event(
             req.gen, req.opts, o.start, o.end, terminal=o.terminal, finish_reason=o.reason, first=first and i == 0
         )
         for i, o in enumerate(outs if req.opts.incremental else outs[-1:])
     ]
-    return events[0] if len(events) == 1 else wire.coalesce(events)
+    return events[0] if len(events) == 1 else writer.coalesce(events)
 
 
 Build = Callable[..., dict[str, Any]]  # (req, outputs, *, first) -> the event for those outputs

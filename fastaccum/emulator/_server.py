@@ -13,8 +13,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from fastaccum import wire
-from fastaccum.emulator._dialects import (
+from fastaccum.emulator import writer
+from fastaccum.emulator._dialect_servers import (
     DYNAMO_INTERNAL_ERROR,
     SSE_HEADERS,
     VllmServer,
@@ -34,7 +34,7 @@ from fastaccum.emulator._requests import (
     drain,
     truncate,
 )
-from fastaccum.wire import Generation, WireOptions
+from fastaccum.emulator.writer import Generation, WireOptions
 
 __all__ = ("Emulator",)
 
@@ -55,7 +55,7 @@ class Emulator:
     before SGLang workers (incremental whatever was asked, no ``/abort_request``); ``"vllm"``,
     vLLM's ``/inference/v1/generate`` in the chunk shape of ``vllm_shape`` (``"0.32"``, or ``"0.31"``
     for 0.24 to 0.31), where ``enable_return_routed_experts`` and ``return_sampling_mask`` are
-    vLLM's flags of those names. fastaccum.emulator._dialects serves what differs.
+    vLLM's flags of those names. fastaccum.emulator._dialect_servers serves what differs.
     """
 
     def __init__(
@@ -108,7 +108,7 @@ class Emulator:
         self.version = version
         self.fault = fault
         # Token texts without U+2028/U+2029/U+0085, for clients that read lines with splitlines().
-        self.text_pieces = wire.PLAIN_TEXT_PIECES if plain_text else wire.TEXT_PIECES
+        self.text_pieces = writer.PLAIN_TEXT_PIECES if plain_text else writer.TEXT_PIECES
         self.stats = EmulatorStats()
         self._running: set[Request] = set()
         self._waiting: deque[Request] = deque()
@@ -164,7 +164,7 @@ class Emulator:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
 
-    def _is_closing(self) -> bool:
+    def is_closing(self) -> bool:
         return self._closing
 
     @property
@@ -205,7 +205,7 @@ class Emulator:
         """
         if finish_reason is None:
             finish_reason = {"type": "length", "length": n}
-        return wire.synthetic_generation(
+        return writer.synthetic_generation(
             rid,
             n,
             seed=self.seed,
@@ -319,30 +319,34 @@ class Emulator:
             return web.Response(status=500, body=orjson.dumps(body500), content_type="application/json")
         # Dynamo submits its own internal rid to SGLang: a repeated public id is no duplicate there.
         if not dynamo and any(r.rid == req.rid for r in [*self._running, *self._waiting]):
-            duplicate = wire.error_event(f"Duplicate request ID: {req.rid}")
+            duplicate = writer.error_event(f"Duplicate request ID: {req.rid}")
             if not body.get("stream"):
                 return web.Response(status=400, body=orjson.dumps(duplicate), content_type="application/json")
             resp = web.StreamResponse(headers=_SSE_HEADERS)
             await resp.prepare(request)
-            await resp.write(wire.sse(duplicate) + wire.DONE)
+            await resp.write(writer.sse(duplicate) + writer.DONE)
             return resp
         stream = bool(body.get("stream"))
-        return await self._serve(req, lambda: self._stream(request, req) if stream else self._non_stream(req))
+        return await self.serve_request(req, lambda: self._stream(request, req) if stream else self._non_stream(req))
 
-    async def _serve(self, req: Request, respond: Callable[[], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
-        """Queue the request, answer it with ``respond()``, and release it however that ends."""
+    async def serve_request(
+        self, req: Request, respond: Callable[[], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """Queue the request, answer it with ``respond()``, and release it however that ends.
+        With ``is_closing`` and ``note_disconnect``, what the other dialects' servers call (the
+        ``Host`` protocol in fastaccum.emulator._dialect_servers)."""
         self.stats.requests += 1
         self._waiting.append(req)
         self._admit()
         try:
             return await respond()
         except asyncio.CancelledError:
-            self._note_disconnect(req)
+            self.note_disconnect(req)
             raise
         finally:
             self._release(req)
 
-    def _note_disconnect(self, req: Request) -> None:
+    def note_disconnect(self, req: Request) -> None:
         if req.state != "done":
             req.state = "done"
             self.stats.disconnects += 1
@@ -437,7 +441,7 @@ class Emulator:
             return await self._stream_body(request, req, resp)
         except ConnectionResetError:
             # A write found the client gone; aiohttp treats the broken response as a disconnect.
-            self._note_disconnect(req)
+            self.note_disconnect(req)
             return resp
 
     async def _stream_body(self, request: web.Request, req: Request, resp: web.StreamResponse) -> web.StreamResponse:
@@ -457,7 +461,7 @@ class Emulator:
 
         # Aborted while queued: SGLang's echo chunk (docs/wire-format.md, "The abort echo").
         if req.state == "echo":
-            await write(wire.sse(wire.echo_event(req.gen, req.opts, 0, first=True)) + wire.DONE)
+            await write(writer.sse(writer.echo_event(req.gen, req.opts, 0, first=True)) + writer.DONE)
             req.state = "done"
             return resp
 
@@ -471,32 +475,32 @@ class Emulator:
                 if kind == "stall":
                     await asyncio.sleep(float(fault.get("seconds", 1.0)))
                 elif kind == "error_event":
-                    err = wire.error_event(fault.get("message", "injected error"), int(fault.get("code", 400)))
-                    await write(wire.sse(err) + wire.DONE)
+                    err = writer.error_event(fault.get("message", "injected error"), int(fault.get("code", 400)))
+                    await write(writer.sse(err) + writer.DONE)
                     raise StreamEnded
                 elif kind == "malformed_json":
-                    await write(b'data: {"text":"broken","output_ids":[1,\n\n' + wire.DONE)
+                    await write(b'data: {"text":"broken","output_ids":[1,\n\n' + writer.DONE)
                     raise StreamEnded
                 elif kind == "cut":
-                    data = wire.sse(event)
+                    data = writer.sse(event)
                     await write(data[: len(data) // 2])
                     raise ConnectionCut
                 elif kind == "dynamo_error":  # any backend error, as Dynamo's frontend writes it
-                    await write(wire.sse({"error": {"message": DYNAMO_INTERNAL_ERROR}}) + wire.DONE)
+                    await write(writer.sse({"error": {"message": DYNAMO_INTERNAL_ERROR}}) + writer.DONE)
                     raise StreamEnded
             for key in strip:
                 event["meta_info"].pop(key, None)
-            await write(wire.sse(event))
+            await write(writer.sse(event))
             self.stats.written[req.rid] = event["meta_info"].get("completion_tokens", 0)
             if index == at and kind in ("dynamo_killed", "dynamo_stopped"):
                 # Killed (a backend timeout): the body ends cleanly, no [DONE]. Stopped gracefully:
                 # the worker drops SGLang's later outputs, then [DONE] without a terminal event.
                 if kind == "dynamo_stopped":
-                    await write(wire.DONE)
+                    await write(writer.DONE)
                 raise StreamEnded
 
         try:
-            await drain(req, emit, closing=self._is_closing)
+            await drain(req, emit, closing=self.is_closing)
         except StreamEnded:
             req.state = "done"
             return resp
@@ -509,7 +513,7 @@ class Emulator:
             return resp
         if kind == "stall" and at == "done":
             await asyncio.sleep(float(fault.get("seconds", 1.0)))
-        await write(wire.DONE)
+        await write(writer.DONE)
         req.state = "done"
         self.stats.completed += 1
         await resp.write_eof()
@@ -524,7 +528,7 @@ class Emulator:
         while not req.abort_requested and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.005)
         if req.abort_requested:
-            await write(wire.sse(wire.echo_event(req.gen, req.opts, req.produced)) + wire.DONE)
+            await write(writer.sse(writer.echo_event(req.gen, req.opts, req.produced)) + writer.DONE)
             self.stats.written[req.rid] = req.produced
         req.state = "done"
 
@@ -534,7 +538,7 @@ class Emulator:
             return _json_error(503, "emulator stopping")
         cumulative = dataclasses.replace(req.opts, incremental=False)
         if req.state == "echo":
-            final = wire.echo_event(req.gen, cumulative, 0)
+            final = writer.echo_event(req.gen, cumulative, 0)
         else:
             last: list[dict[str, Any]] = []
 
@@ -542,11 +546,11 @@ class Emulator:
                 last[:] = [event]
 
             try:
-                await drain(req, keep, closing=self._is_closing)
+                await drain(req, keep, closing=self.is_closing)
             except StreamEnded:
                 return _json_error(503, "emulator stopping")
             assert req.final is not None
-            final = wire.normal_event(
+            final = writer.normal_event(
                 req.gen, cumulative, 0, req.final.end, terminal=True, finish_reason=req.final.reason, first=True
             )
         req.state = "done"

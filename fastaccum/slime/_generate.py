@@ -10,13 +10,13 @@ import uuid
 from typing import Any
 
 from fastaccum._rollout import has_in_tree_request_abort, opted_out_of_request_cancel
-from fastaccum.consumer import StreamConsumer
 from fastaccum.result import StreamResult
 from fastaccum.slime import _pools
 from fastaccum.slime._commit import commit_prefix, commit_terminal
 from fastaccum.slime._modules import modules
 from fastaccum.slime._probe import check_server_mode
 from fastaccum.slime._settings import Settings
+from fastaccum.transport.consumer import StreamConsumer
 
 __all__ = ("generate", "new_rid")
 

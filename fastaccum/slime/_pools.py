@@ -10,11 +10,11 @@ from typing import Any
 
 import aiohttp
 
-from fastaccum.aiohttp_stream import STREAM_TIMEOUT, GenerateStream
-from fastaccum.client import Client
-from fastaccum.consumer import StreamConsumer
 from fastaccum.slime._modules import modules
 from fastaccum.slime._settings import Settings, router_url
+from fastaccum.transport.aiohttp_stream import STREAM_TIMEOUT, GenerateStream
+from fastaccum.transport.client import Client
+from fastaccum.transport.consumer import StreamConsumer
 
 __all__ = ("Registry", "registry", "session", "open_stream", "close_session")
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 
-from fastaccum._dialects import vllm_abort_ids
+from fastaccum._core.dialects import vllm_abort_ids
 from fastaccum._rollout import ModuleAbort, collect_groups, has_in_tree_request_abort, wait_until_idle
 from fastaccum.vime._modules import modules
 from fastaccum.vime._pools import CONTROL_TIMEOUT, registry, session

@@ -9,9 +9,9 @@ import uuid
 from typing import Any
 
 from fastaccum._rollout import has_in_tree_request_abort, opted_out_of_request_cancel
-from fastaccum.client import ClientStream
 from fastaccum.errors import StreamTruncatedError
 from fastaccum.result import StreamResult
+from fastaccum.transport.client import ClientStream
 from fastaccum.vime import _pools
 from fastaccum.vime._commit import commit_prefix, commit_terminal
 from fastaccum.vime._modules import modules

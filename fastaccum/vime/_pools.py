@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 
-from fastaccum.client import Client, ClientStream
+from fastaccum.transport.client import Client, ClientStream
 from fastaccum.vime._modules import modules
 from fastaccum.vime._settings import Settings, router_url
 

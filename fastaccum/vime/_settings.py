@@ -6,7 +6,7 @@ import dataclasses
 import math
 from typing import Any
 
-from fastaccum.client import DEFAULT_COALESCE_MS
+from fastaccum.transport.client import DEFAULT_COALESCE_MS
 
 __all__ = ("Settings", "router_url")
 

@@ -1,4 +1,4 @@
-"""Write the committed seed corpus (tests/fuzz_corpus/) from fastaccum.wire: small, deterministic.
+"""Write the committed seed corpus (tests/fuzz_corpus/) from fastaccum.emulator.writer: small, deterministic.
 
 Each file is a fuzz input: 4 header bytes (options and piece cutting, see fuzz_core.py) and an SSE
 body. Seeds cover both modes, logprobs on/off, text on/off, top-p, routed experts, echo chunks,
@@ -16,8 +16,8 @@ from typing import Any
 
 import orjson
 
-from fastaccum import wire_vllm
-from fastaccum.wire import (
+from fastaccum.emulator import writer_vllm
+from fastaccum.emulator.writer import (
     DONE,
     WireOptions,
     chunk_encode,
@@ -153,14 +153,16 @@ def seeds() -> dict[str, bytes]:
     # vLLM's chunks (the dialect follows the body): both shapes, routed experts as .npy, the
     # sampling mask, the abort chunk, a pre-0.32 abort, an error object.
     gv = synthetic_generation("fz-v", 6, prompt_tokens=3, top_p=True, expert_shape=(2, 2))
-    for shape in wire_vllm.SHAPES:
-        out[f"vllm-{shape}"] = header(AUTO, 2) + wire_vllm.stream_bytes(
-            wire_vllm.stream_chunks(gv, shape=shape, routed=True, sampling_mask=shape == "0.32", interval=2)
+    for shape in writer_vllm.SHAPES:
+        out[f"vllm-{shape}"] = header(AUTO, 2) + writer_vllm.stream_bytes(
+            writer_vllm.stream_chunks(gv, shape=shape, routed=True, sampling_mask=shape == "0.32", interval=2)
         )
-    out["vllm-abort-chunk"] = header(AUTO) + wire_vllm.stream_bytes(
-        [wire_vllm.chunk(gv, 0, 2), wire_vllm.chunk(gv, 2, 2, finish="abort"), wire_vllm.usage_chunk(gv, 2)]
+    out["vllm-abort-chunk"] = header(AUTO) + writer_vllm.stream_bytes(
+        [writer_vllm.chunk(gv, 0, 2), writer_vllm.chunk(gv, 2, 2, finish="abort"), writer_vllm.usage_chunk(gv, 2)]
     )
-    out["vllm-error"] = header(AUTO) + wire_vllm.sse(wire_vllm.chunk(gv, 0, 1)) + wire_vllm.error_chunk("boom") + DONE
+    out["vllm-error"] = (
+        header(AUTO) + writer_vllm.sse(writer_vllm.chunk(gv, 0, 1)) + writer_vllm.error_chunk("boom") + DONE
+    )
 
     # Reported core bugs (docs/reliability.md); test_fuzz_corpus.py expects these to fail until fixed.
     out["bug-B1-nested-error"] = header(AUTO) + b'data: {"error":' + b"[" * 1000 + b"]" * 1000 + b"}\n\n"

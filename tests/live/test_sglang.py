@@ -26,7 +26,7 @@ from live_helpers import get_json, in_thread, post_json, post_raw
 
 import fastaccum
 from fastaccum import ServerError, StreamLengthError, StreamResult
-from fastaccum.client import Client, ClientStream
+from fastaccum.transport.client import Client, ClientStream
 
 pytestmark = pytest.mark.live_sglang
 

@@ -30,13 +30,13 @@ import torch
 from aiohttp import web
 
 import fastaccum.slime as fs
-from fastaccum.aiohttp_stream import GenerateStream
-from fastaccum.client import DEFAULT_COALESCE_MS, ClientStream
-from fastaccum.consumer import StreamConsumer
 from fastaccum.emulator import FAULT_KEY, Emulator
 from fastaccum.errors import ServerError, StreamFormatError, StreamTruncatedError
 from fastaccum.result import StreamResult
 from fastaccum.slime import _commit, _generate, _modules, _pools, _probe
+from fastaccum.transport.aiohttp_stream import GenerateStream
+from fastaccum.transport.client import DEFAULT_COALESCE_MS, ClientStream
+from fastaccum.transport.consumer import StreamConsumer
 
 OPEN_STREAM = _pools.open_stream  # the adapter's own, which Wiring wraps
 

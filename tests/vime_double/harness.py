@@ -30,16 +30,15 @@ import pytest
 from aiohttp import web
 
 import fastaccum.vime as fv
-from fastaccum import wire
-from fastaccum.emulator import VLLM_ID_PREFIX, Emulator
+from fastaccum.emulator import VLLM_ID_PREFIX, Emulator, writer
 from fastaccum.vime import _generate, _modules
 
 DOUBLE_ROOT = str(Path(__file__).resolve().parent)
 PROMPT = "alpha beta gamma delta epsilon zeta eta theta"
 LINES = ("request-abort", "stock")
-# The emulator draws token ids below wire.synthetic_generation's vocab (it passes none): the
+# The emulator draws token ids below writer.synthetic_generation's vocab (it passes none): the
 # tokenizer stand-in has exactly that vocabulary, its last 1000 ids "special".
-VOCAB: int = inspect.signature(wire.synthetic_generation).parameters["vocab"].default
+VOCAB: int = inspect.signature(writer.synthetic_generation).parameters["vocab"].default
 SPECIAL_FROM = VOCAB - 1000
 
 

@@ -1,12 +1,12 @@
 """A vLLM ``/inference/v1/generate`` server double for benchmarks/vime_streaming.py (the tests run
 against ``Emulator(dialect="vllm")``, tests/vime_double/harness.py), kept because the benchmark
 draws token ids below a trained tokenizer's size (``vocab``), which the emulator cannot; its
-chunks come from ``fastaccum.wire_vllm``.
+chunks come from ``fastaccum.emulator.writer_vllm``.
 
 It doubles as vime's router (``GET /workers`` lists itself) and serves what vime's server control
 reads: ``GET /load`` (``{"server_load": n}``), ``GET /health`` and, with ``cancel_endpoint``,
 vLLM's RLHF dev ``POST /abort_requests`` (``{"request_ids": [...]}``; ``{}`` or no ids: all).
-Tokens are ``wire.synthetic_generation`` of (seed, key, position): the key is the request's
+Tokens are ``writer.synthetic_generation`` of (seed, key, position): the key is the request's
 ``request_id`` (``UNNAMED`` when it sends none, as vime's own reader does), or, with
 ``key_by_prompt``, the prompt's token ids, so two clients get the same stream for one prompt.
 
@@ -27,8 +27,8 @@ from typing import Any
 
 from aiohttp import web
 
-from fastaccum import wire_vllm
-from fastaccum.wire import DONE, Generation, emission_points, synthetic_generation
+from fastaccum.emulator import writer_vllm
+from fastaccum.emulator.writer import DONE, Generation, emission_points, synthetic_generation
 
 UNNAMED = "unnamed"
 
@@ -195,11 +195,11 @@ class VllmDouble:
     def _sse(self, chunk: dict[str, Any]) -> bytes:
         if self.weight_version is not None and chunk.get("choices"):
             chunk = {**chunk, "weight_version": self.weight_version}
-        return wire_vllm.sse(chunk)
+        return writer_vllm.sse(chunk)
 
     async def _stream(self, resp: web.StreamResponse, run: _Running, gen: Generation, mask: bool) -> None:
         n = len(gen.token_ids)
-        raw, matched = wire_vllm.finish_of(gen)
+        raw, matched = writer_vllm.finish_of(gen)
         prev = 0
         points = emission_points(n, self.stream_interval)
         wait = self.plans.get(run.key, {}).get("wait")
@@ -214,7 +214,7 @@ class VllmDouble:
                 await self._abort_end(resp, gen, prev)
                 return
             last = k == len(points) - 1
-            chunk = wire_vllm.chunk(
+            chunk = writer_vllm.chunk(
                 gen,
                 prev,
                 end,
@@ -230,11 +230,11 @@ class VllmDouble:
             prev = end
             if self.token_rate is None:
                 await asyncio.sleep(0)
-        await resp.write(wire_vllm.sse(wire_vllm.usage_chunk(gen, n, shape=self.shape)) + DONE)
+        await resp.write(writer_vllm.sse(writer_vllm.usage_chunk(gen, n, shape=self.shape)) + DONE)
         self.stats.completed += 1
 
     async def _abort_end(self, resp: web.StreamResponse, gen: Generation, kept: int) -> None:
         if self.shape == "0.32":
-            chunk = wire_vllm.chunk(gen, kept, kept, shape=self.shape, finish="abort")
-            await resp.write(self._sse(chunk) + wire_vllm.sse(wire_vllm.usage_chunk(gen, kept, shape=self.shape)))
+            chunk = writer_vllm.chunk(gen, kept, kept, shape=self.shape, finish="abort")
+            await resp.write(self._sse(chunk) + writer_vllm.sse(writer_vllm.usage_chunk(gen, kept, shape=self.shape)))
         await resp.write(DONE)

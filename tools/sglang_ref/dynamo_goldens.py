@@ -4,8 +4,8 @@ Dynamo's SGLang-native route (``DYN_SGLANG_ENABLE_GENERATE=1`` on the frontend) 
 ``incremental_streaming_output`` forced on, hands each object ``TokenizerManager.generate_request``
 yields to its Rust frontend, and the frontend writes it as one SSE event. This script takes the
 incremental goldens SGLang's real code wrote (``tests/golden/<sglang version>/inc_*.sse``, byte-checked
-by the live tier) and applies only what Dynamo does to them (sources and line numbers:
-``/work/notes/facts-24-dynamo.md``):
+by the live tier) and applies only what Dynamo does to them (each fact's source in Dynamo's code:
+tools/sglang_ref/README.md, "Dynamo goldens"):
 
 * ``meta_info.id`` is the public request id (the body's ``rid``, else the ``x-request-id`` header,
   else a generated UUID); the SGLang run's rid stands in for the internal ``uuid4().hex`` Dynamo

@@ -16,7 +16,7 @@ Nothing here re-implements SGLang's output path. Per scenario this script
      events, ``[DONE]``) over an in-process ASGI transport, with a fake tokenizer manager whose
      ``generate_request`` is steps 1-4.
 The bytes the HTTP client reads are the golden. Token ids, logprobs and texts come from fastaccum's
-deterministic token source (``fastaccum/wire.py::synthetic_generation``, loaded by path: the
+deterministic token source (``fastaccum/emulator/writer.py::synthetic_generation``, loaded by path: the
 package itself is not installed in this venv), so the manifest's expectations are computed
 without SGLang. Clocks are replaced by a fixed-step counter so latencies and timestamps are
 reproducible. Writes ``<out>/<sglang version>/{*.sse,manifest.json}``.
@@ -63,8 +63,10 @@ time.time = lambda: _EPOCH + (time.perf_counter() - _PERF_START)  # type: ignore
 
 
 # ---- the token source, shared with the emulator ---------------------------------------------
-def _load_wire() -> Any:
-    spec = importlib.util.spec_from_file_location("fastaccum_wire_standalone", REPO / "fastaccum" / "wire.py")
+def _load_writer() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "fastaccum_writer_standalone", REPO / "fastaccum" / "emulator" / "writer.py"
+    )
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses need the module registered
@@ -72,7 +74,7 @@ def _load_wire() -> Any:
     return module
 
 
-wire = _load_wire()
+writer = _load_writer()
 
 
 class ToyTokenizer:
@@ -83,7 +85,7 @@ class ToyTokenizer:
     pad_token_id = None
 
     def _piece(self, token_id: int) -> str:
-        return wire.TEXT_PIECES[int(token_id) % len(wire.TEXT_PIECES)]
+        return writer.TEXT_PIECES[int(token_id) % len(writer.TEXT_PIECES)]
 
     def decode(
         self, ids: Any, skip_special_tokens: bool = False, spaces_between_special_tokens: bool = True, **_: Any
@@ -288,7 +290,7 @@ class Sglang:
     def capture_source(self, sc: Scenario, what: str) -> Any:
         """What the capturer's host cache holds for each position of the sequence (the routed
         experts from position 0, whatever the request's start len)."""
-        full = wire.synthetic_generation(
+        full = writer.synthetic_generation(
             f"golden-{sc.name}",
             sc.n,
             seed=sc.seed,
@@ -381,7 +383,7 @@ async def run_scenario(sg: Sglang, sc: Scenario) -> tuple[bytes, dict[str, Any]]
     detok = sg.detokenizer()
     rid = f"golden-{sc.name}"
     produced_total = sc.n
-    gen = wire.synthetic_generation(
+    gen = writer.synthetic_generation(
         rid,
         produced_total,
         seed=sc.seed,
@@ -630,7 +632,7 @@ def main(argv: list[str] | None = None) -> int:
         manifest: dict[str, Any] = {
             "sglang_version": sg.version,
             "generator": "tools/sglang_ref/generate_goldens.py",
-            "token_source": "fastaccum/wire.py::synthetic_generation",
+            "token_source": "fastaccum/emulator/writer.py::synthetic_generation",
             "scenarios": {},
         }
         kept: dict[str, Any] = {}

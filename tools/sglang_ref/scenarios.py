@@ -35,7 +35,7 @@ class Scenario:
     prompt_tokens: int = 8
     null_logprob_every: int = 0  # every k-th logprob is -inf (serialized as null)
     expect_cut: str | None = None  # the exception that cuts the stream (no [DONE]), if any
-    emulator_comparable: bool = True  # fastaccum.wire can express this stream
+    emulator_comparable: bool = True  # fastaccum.emulator.writer can express this stream
     versions: tuple[str, ...] = ("*",)
 
 

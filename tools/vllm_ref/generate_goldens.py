@@ -22,7 +22,7 @@ The control-plane checks that need a model (``_check_model``, ``_preflight``, Lo
 headers, prompt rendering) are replaced by no-ops; everything that writes bytes is vLLM's.
 
 Token ids, logprobs, sampling-mask rows and routed experts come from fastaccum's deterministic token
-source (``fastaccum/wire.py::synthetic_generation``, loaded by path), so the manifest's expectations
+source (``fastaccum/emulator/writer.py::synthetic_generation``, loaded by path), so the manifest's expectations
 are computed from the scenario alone, without vLLM. Heavy modules (torch, the engine, vllm.config,
 ...) are stubs (``stubs/autostub.py``); the manifest lists which. Output is byte-for-byte
 reproducible. Writes ``<out>/vllm-<version>/{*.sse,manifest.json}``.
@@ -608,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
         "vllm_version": version,
         "endpoint": "POST /inference/v1/generate (stream=true)",
         "generator": "tools/vllm_ref/generate_goldens.py",
-        "token_source": "fastaccum/wire.py::synthetic_generation",
+        "token_source": "fastaccum/emulator/writer.py::synthetic_generation",
         "scenarios": {},
     }
     kept: dict[str, Any] = {}

@@ -16,8 +16,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from fastaccum._dialects import VLLM, chunk_arrays
-from fastaccum._policy import ARRAY_KEYS, DIALECTS, ParsedEvent, build_result, check_options, finish_error, read_arrays
+from fastaccum._core.dialects import VLLM, chunk_arrays
+from fastaccum._core.policy import (
+    ARRAY_KEYS,
+    DIALECTS,
+    ParsedEvent,
+    build_result,
+    check_options,
+    finish_error,
+    read_arrays,
+)
 from fastaccum.errors import StreamError
 from fastaccum.result import StreamResult, snapshot_of
 
@@ -57,11 +65,11 @@ class AccumulatorBase:
 
     # The twin's state read here: STATE below lists it, and the compiled twin's extension type
     # declares each name (``public`` where STATE_WRITTEN says this class sets it, else
-    # ``readonly``); tests/test_api.py holds both twins to the list.
+    # ``readonly``); tests/test_impl_selection.py holds both twins to the list.
     _framer: _Framer
     _chunks: _Chunks | None  # feed_chunked()'s decoder, None until first used
     _mode: str
-    _dialect: str  # DIALECTS' own str (fastaccum._policy)
+    _dialect: str  # DIALECTS' own str (fastaccum._core.policy)
     _expert_shape: tuple[int, int] | None
     _indexer_shape: tuple[int, int] | None
     _routed_start: int
@@ -130,7 +138,7 @@ class AccumulatorBase:
         completion: int,
         streamed: Any = None,
     ) -> tuple[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], bool] | None, dict[str, Any] | None]:
-        """An event's top-p rows and replay arrays, decoded and checked (fastaccum._policy
+        """An event's top-p rows and replay arrays, decoded and checked (fastaccum._core.policy
         .read_arrays; ``parsed`` None: an event the compiled twin's scanner read), or (None, None)
         when neither the event nor the stream carries any. Validation only: nothing is kept."""
         if self._top_p_rows is None and (parsed is None or ARRAY_KEYS.isdisjoint(parsed.meta)):

@@ -3,7 +3,7 @@
 What runs once per stream, on an event the compiled twin's scanner leaves to orjson, or only on
 error: the guards of the constructor, ``feed()`` and ``finish()``, a parsed event's shape, the
 abort echo, top-p, routed experts and a result's fields. Per-byte and per-event work stays in the
-twins; fastaccum._base.AccumulatorBase is the class face that calls these.
+twins; fastaccum._core.base.AccumulatorBase is the class face that calls these.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy.typing as npt
 import orjson
 import pybase64
 
-from fastaccum._messages import (
+from fastaccum._core.messages import (
     bad_base64,
     bad_count,
     bad_offsets,
@@ -24,7 +24,7 @@ from fastaccum._messages import (
     broken,
     echo_short,
     fed_after_finish,
-    gateway_grpc,
+    indexed_event,
     input_ended,
     not_an_object,
     not_bytes,
@@ -71,7 +71,7 @@ __all__ = (
 
 MODES = ("auto", "cumulative", "incremental")
 # The servers whose streams the core reads (docs/dialects.md). Dynamo passes SGLang's incremental
-# events through; vLLM's token-in/token-out chunks have their own shape (fastaccum._dialects).
+# events through; vLLM's token-in/token-out chunks have their own shape (fastaccum._core.dialects).
 DIALECTS = ("sglang", "dynamo", "vllm")
 # A count the event does not carry (completion_tokens, prompt_tokens, ...): both twins use -1, the
 # compiled twin's structs having no None.
@@ -100,7 +100,7 @@ _TOP_P_PAIRS = (
 TOP_P_KEYS = frozenset(key for pair in _TOP_P_PAIRS for key in pair)
 _Int32s = npt.NDArray[np.int32]
 REPLAY_KEYS_SET = frozenset(REPLAY_KEYS)
-# ... and every array an event may carry: vLLM's sampling mask too (fastaccum._dialects).
+# ... and every array an event may carry: vLLM's sampling mask too (fastaccum._core.dialects).
 ARRAY_KEYS = frozenset((*B64_KEYS, "sampling_mask"))
 # Token-aligned lists (sliced per event in incremental mode) and the decoded base64 arrays are
 # returned as arrays, not repeated in meta_info.
@@ -214,7 +214,7 @@ def read_event(
 ) -> ParsedEvent:
     """Parse an event with orjson and check its shape.
 
-    ``json_bytes`` is ``data`` with the base64 values at ``spans`` emptied (fastaccum._spans). If
+    ``json_bytes`` is ``data`` with the base64 values at ``spans`` emptied (fastaccum._core.spans). If
     a cut landed outside meta_info (not SGLang's shape), the whole event is parsed again and the
     spans come back empty; ``original(data)`` gives its bytes when ``data`` no longer holds them
     (the compiled twin's streamed routed experts)."""
@@ -245,10 +245,7 @@ def event_meta(index: int, obj: object, dialect: str = "sglang") -> dict[str, An
         raise server_error(index, obj["error"])
     meta = obj.get("meta_info")
     if "index" in obj:
-        # SGLang's batch events count their tokens; the gateway's gRPC re-rendering does not.
-        if type(meta) is dict and "completion_tokens" not in meta:
-            raise gateway_grpc(index)
-        raise broken(index, "batch")
+        raise indexed_event(index, meta)
     if type(meta) is not dict:
         if "meta_info" not in obj:
             if "choices" in obj:

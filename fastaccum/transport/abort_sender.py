@@ -23,8 +23,8 @@ from typing import Any
 import httptools
 import orjson
 
-from fastaccum._http import header_lines, status_error
 from fastaccum.errors import ServerError, StreamConnectionError, StreamError, StreamTimeoutError
+from fastaccum.transport.http1 import header_lines, status_error
 
 __all__ = ("PARALLEL", "AbortSender", "VllmAbortSender", "Drain", "worker_urls")
 

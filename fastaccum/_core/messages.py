@@ -37,7 +37,7 @@ __all__ = (
     "input_ended",
     "wrong_dialect",
     "text_logprobs",
-    "gateway_grpc",
+    "indexed_event",
     "logprobs_switched",
     "lengths_disagree",
     "changed_token",
@@ -190,7 +190,6 @@ def bad_base64(index: int, key: str, size: int | None = None) -> StreamFormatErr
 _RULES = {
     "after_done": "data after [DONE]",
     "after_terminal": "data after the terminal event",
-    "batch": 'a batch stream (top-level "index") is not one request',
     "no_meta": "meta_info is missing",
     "ids_disagree": "output_ids disagree with the ids in output_token_logprobs",
     "no_tokens": "the event has neither output_ids nor output_token_logprobs",
@@ -271,12 +270,27 @@ def text_logprobs(index: int, where: str, token: str) -> StreamFormatError:
     )
 
 
-def gateway_grpc(index: int) -> StreamFormatError:
+_GATEWAY = (
+    "an sgl-model-gateway /generate stream in gRPC mode, whose text and logprobs are cumulative "
+    "while its ids are deltas (run the gateway in HTTP mode, which passes SGLang's events through)"
+)
+_BATCH = "an SGLang batch stream, several prompts in one request (send one prompt per request)"
+
+
+def indexed_event(index: int, meta: object) -> StreamFormatError:
+    """An event with a top-level "index": one of two streams that are not one request's, told
+    apart where the event allows. SGLang counts the log-probs it sends
+    (output_token_logprobs_length) and the gateway's gRPC rendering does not; older gateways sent
+    no completion_tokens either. Without log-probs the two look alike, and the message names both."""
+    if type(meta) is dict:
+        if "completion_tokens" not in meta or (
+            "output_token_logprobs" in meta and "output_token_logprobs_length" not in meta
+        ):
+            return bad_format(index, f'a top-level "index": {_GATEWAY}; fastaccum reads one request per stream')
+        if "output_token_logprobs_length" in meta:
+            return bad_format(index, f'a top-level "index": {_BATCH}; fastaccum reads one request per stream')
     return bad_format(
-        index,
-        'an sgl-model-gateway /generate stream in gRPC mode (a top-level "index", no completion_tokens) '
-        "is not supported: its text and logprobs are cumulative while its ids are deltas; run the gateway "
-        "in HTTP mode, which passes SGLang's events through",
+        index, f'a top-level "index": either {_BATCH} or {_GATEWAY}; fastaccum reads one request per stream'
     )
 
 

@@ -8,8 +8,8 @@ per HTTP chunk. Streams keep ``GenerateStream``'s contract (both are ``StreamCon
 the caller's own cancel. A completed stream returns its connection to the pool; an aborted or
 failed one closes it, so the server sees the disconnect and stops decoding.
 
-The parts live beside it: fastaccum._http (the connection, the response head, the body's length),
-fastaccum._pacing (read coalescing) and fastaccum._timing (what ``result.timing`` reports). This
+The parts live beside it: fastaccum.transport.http1 (the connection, the response head, the body's length),
+fastaccum.transport.pacing (read coalescing) and fastaccum.transport.timing (what ``result.timing`` reports). This
 module ties them to one request and its outcome.
 """
 
@@ -22,11 +22,19 @@ import urllib.parse
 import uuid
 from collections.abc import Callable, Mapping
 from types import EllipsisType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from fastaccum._control import AbortSender, Drain, VllmAbortSender
-from fastaccum._dialects import VLLM, check_dialect, request_for
-from fastaccum._http import (
+from fastaccum._core.dialects import VLLM, check_dialect, request_for
+from fastaccum._impl import StreamAccumulator
+from fastaccum.errors import (
+    StreamConnectionError,
+    StreamError,
+    StreamFormatError,
+)
+from fastaccum.result import StreamResult, StreamTiming
+from fastaccum.transport.abort_sender import AbortSender, Drain, VllmAbortSender
+from fastaccum.transport.consumer import AccumulatorLike, StreamConsumer, routed_start_of
+from fastaccum.transport.http1 import (
     Body,
     BodyFraming,
     Connection,
@@ -36,21 +44,8 @@ from fastaccum._http import (
     read_head,
     request_bytes,
 )
-from fastaccum._impl import StreamAccumulator
-from fastaccum._pacing import DEFAULT_COALESCE_MS, ReadPacer, Resumer
-from fastaccum._timing import ReadTimeout, RequestClock, timeout_error
-from fastaccum.consumer import AccumulatorLike, StreamConsumer, routed_start_of
-from fastaccum.errors import (
-    StreamConnectionError,
-    StreamError,
-    StreamFormatError,
-)
-from fastaccum.result import StreamResult, StreamTiming
-
-if TYPE_CHECKING:  # the old import paths of these, served lazily by __getattr__ below
-    from fastaccum.aiohttp_stream import STREAM_TIMEOUT as STREAM_TIMEOUT
-    from fastaccum.aiohttp_stream import GenerateStream as GenerateStream
-    from fastaccum.consumer import consume as consume
+from fastaccum.transport.pacing import DEFAULT_COALESCE_MS, ReadPacer, Resumer
+from fastaccum.transport.timing import ReadTimeout, RequestClock, timeout_error
 
 __all__ = ("Client", "ClientStream", "DEFAULT_ABORT_DRAIN_S", "DEFAULT_COALESCE_MS")
 
@@ -525,7 +520,9 @@ class Client:
         where = f"{self._host}:{self._port}"
         try:
             async with asyncio.timeout(self._connect_timeout):
-                _, conn = await loop.create_connection(lambda: Connection(self), self._host, self._port)
+                _, conn = await loop.create_connection(
+                    lambda: Connection(self._buffer, self._forget), self._host, self._port
+                )
         except TimeoutError as exc:
             raise StreamConnectionError(f"connecting to {where} timed out after {self._connect_timeout} s") from exc
         except OSError as exc:
@@ -558,23 +555,3 @@ class Client:
         self._connections.discard(conn)
         if conn in self._idle:
             self._idle.remove(conn)
-
-
-# ---- the names this module had before the transports were split ------------------------------
-
-_MOVED = {
-    "GenerateStream": "fastaccum.aiohttp_stream",
-    "STREAM_TIMEOUT": "fastaccum.aiohttp_stream",
-    "StreamConsumer": "fastaccum.consumer",
-    "consume": "fastaccum.consumer",
-}
-
-
-def __getattr__(name: str) -> Any:
-    # fastaccum.client held the aiohttp transport and the shared consumer before fastaccum.Client
-    # moved here; their old import paths keep working (aiohttp is imported only when asked for).
-    if name in _MOVED:
-        import importlib
-
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module 'fastaccum.client' has no attribute {name!r}")

@@ -8,7 +8,7 @@ the end. The facts are read from vLLM 0.27, 0.31, 0.32 and 0.34
 (``vllm/entrypoints/scale_out/token_in_token_out/{protocol,serving}.py``). Two shapes: vLLM
 0.32 on (``"0.32"``: ``output_mode``, ``stop_reason``, logprob items with an integer
 ``token_id``) and 0.24 to 0.31 (``"0.31"``: ``"token": "token_id:<id>"`` items with ``bytes``).
-Token ids and logprobs come from fastaccum.wire's ``Generation``, so a test can check a whole
+Token ids and logprobs come from fastaccum.emulator.writer's ``Generation``, so a test can check a whole
 stream end to end; routed experts are a base64 ``.npy`` of the narrowest dtype that holds them.
 """
 
@@ -24,12 +24,12 @@ import numpy.typing as npt
 import orjson
 import pybase64
 
-from fastaccum.wire import DONE, Generation, emission_points
+from fastaccum.emulator.writer import DONE, Generation, emission_points
 
 __all__ = ("SHAPES", "chunk", "usage_chunk", "error_chunk", "stream_chunks", "sse", "stream_bytes", "encode_npy")
 
 SHAPES = ("0.32", "0.31")
-# vLLM's finish reasons as SGLang writes them (fastaccum.wire's Generation keeps SGLang's form).
+# vLLM's finish reasons as SGLang writes them (fastaccum.emulator.writer's Generation keeps SGLang's form).
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
 

@@ -12,16 +12,13 @@ import asyncio
 import enum
 import socket
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httptools
 import orjson
 
-from fastaccum.consumer import ERROR_BODY_CHARS
 from fastaccum.errors import ServerError, StreamFormatError
-
-if TYPE_CHECKING:
-    from fastaccum.client import Client
+from fastaccum.transport.consumer import ERROR_BODY_CHARS
 
 __all__ = (
     "Body",
@@ -48,15 +45,18 @@ _DRAIN_MAX_READS = 256
 class Connection(asyncio.BufferedProtocol):
     """One HTTP/1.1 connection; reads go to the attached stream's current receiver.
 
-    A buffered protocol: the loop reads into the client's one receive buffer (``recv_into``).
+    A buffered protocol: the loop reads into ``buffer``, the receive buffer every connection of
+    one client shares (``recv_into``); ``on_close`` tells the owner the connection is gone. It
+    knows nothing else of its owner.
     A plain protocol gets a fresh 256 KiB ``bytes`` per read, which glibc serves with an mmap,
     an mremap and a munmap around every recv: three system calls per read, more than the read.
     Receivers get a view of the buffer that is valid only during the call (the core copies what
     it keeps).
     """
 
-    def __init__(self, client: Client) -> None:
-        self.client = client
+    def __init__(self, buffer: memoryview, on_close: Callable[[Connection], None]) -> None:
+        self.buffer = buffer
+        self.on_close = on_close
         self.transport: asyncio.Transport | None = None
         self.receiver: Callable[[memoryview], None] | None = None
         self.lost: Callable[[BaseException | None], None] | None = None
@@ -67,18 +67,18 @@ class Connection(asyncio.BufferedProtocol):
         self.transport = transport  # type: ignore[assignment]
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self.client._buffer
+        return self.buffer
 
     def buffer_updated(self, nbytes: int) -> None:
         receiver = self.receiver
         if receiver is not None:
-            receiver(self.client._buffer[:nbytes])
+            receiver(self.buffer[:nbytes])
         else:  # bytes on an idle connection: nothing to answer; it cannot serve another request
             self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self.client._forget(self)
+        self.on_close(self)
         lost = self.lost
         if lost is not None:
             lost(exc)
@@ -118,7 +118,7 @@ class Connection(asyncio.BufferedProtocol):
         if fd < 0:
             return
         raw = socket.socket(fileno=fd)
-        buffer = self.client._buffer
+        buffer = self.buffer
         try:
             for _ in range(_DRAIN_MAX_READS):
                 receiver = self.receiver

@@ -2,7 +2,7 @@
 
 A terminal event can carry top-p replay and routed experts as base64 strings, the latter up to
 gigabytes; orjson would build a Python str of each. Both twins find those values here and parse
-the event with each emptied (``""``), and fastaccum._policy decodes the bytes in place. This runs
+the event with each emptied (``""``), and fastaccum._core.policy decodes the bytes in place. This runs
 on an event the compiled twin's scanner leaves to orjson, once per stream in practice; every
 search is a ``bytes.find`` (memchr speed), so the Python around it costs a few microseconds per
 event. The compiled twin's stream module runs the same forward scan while a large event arrives.
@@ -10,7 +10,7 @@ event. The compiled twin's stream module runs the same forward scan while a larg
 
 from __future__ import annotations
 
-from fastaccum._policy import B64_KEYS
+from fastaccum._core.policy import B64_KEYS
 
 __all__ = ("cut_b64_spans", "cut_spans", "reappears")
 

@@ -2,8 +2,8 @@
 
 The raw body pieces (``iter_any()``, never a line reader: aiohttp's line limits break on
 multi-megabyte events) go into a ``StreamAccumulator``; abort, snapshots and the rest of the
-contract come from ``StreamConsumer`` (fastaccum.consumer). For many streams to one server,
-``fastaccum.Client`` (fastaccum.client) is the faster transport: it owns its connections.
+contract come from ``StreamConsumer`` (fastaccum.transport.consumer). For many streams to one server,
+``fastaccum.Client`` (fastaccum.transport.client) is the faster transport: it owns its connections.
 
 Errors: HTTP status >= 400 is ``ServerError`` (status and body); failing to connect or to get the
 response headers is ``StreamConnectionError``; ``read_timeout`` seconds without a byte is
@@ -26,10 +26,8 @@ from typing import Any
 import aiohttp
 from aiohttp.http_exceptions import HttpProcessingError
 
-from fastaccum._dialects import request_for
-from fastaccum._http import status_error
+from fastaccum._core.dialects import request_for
 from fastaccum._impl import StreamAccumulator
-from fastaccum.consumer import AccumulatorLike, StreamConsumer, routed_start_of
 from fastaccum.errors import (
     ServerError,
     StreamConnectionError,
@@ -38,6 +36,8 @@ from fastaccum.errors import (
     StreamTimeoutError,
 )
 from fastaccum.result import StreamResult
+from fastaccum.transport.consumer import AccumulatorLike, StreamConsumer, routed_start_of
+from fastaccum.transport.http1 import status_error
 
 __all__ = ("GenerateStream", "STREAM_TIMEOUT")
 

@@ -2,7 +2,7 @@
 request-level abort, for any transport.
 
 ``StreamConsumer`` is the base of both HTTP transports (``fastaccum.Client``'s streams in
-fastaccum.client, ``GenerateStream`` on aiohttp in fastaccum.aiohttp_stream) and, given an async
+fastaccum.transport.client, ``GenerateStream`` on aiohttp in fastaccum.transport.aiohttp_stream) and, given an async
 iterator of byte pieces, a transport of its own (``consume()``: httpx's ``aiter_raw()``, a file).
 It owns the contract they share: ``run()``, ``abort()``, ``snapshot()``, ``kept()``, progress
 counters, and ``CancelledError`` only for the caller's own cancel. It does I/O only: every byte

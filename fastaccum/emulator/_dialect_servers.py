@@ -8,18 +8,19 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import uuid
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
 
-from fastaccum import wire, wire_vllm
+from fastaccum.emulator import writer, writer_vllm
 from fastaccum.emulator._requests import (
     ABORT_REASON,
     FAULT_KEY,
     FAULT_KINDS,
     ConnectionCut,
+    EmulatorStats,
     Output,
     Request,
     StreamEnded,
@@ -27,9 +28,6 @@ from fastaccum.emulator._requests import (
     drain,
     truncate,
 )
-
-if TYPE_CHECKING:
-    from fastaccum.emulator._server import Emulator
 
 __all__ = (
     "DIALECTS",
@@ -62,8 +60,8 @@ _OWN_FAULTS = {
 def check_dialect(dialect: str, vllm_shape: str) -> None:
     if dialect not in DIALECTS:
         raise ValueError(f"dialect must be one of {', '.join(map(repr, DIALECTS))}, not {dialect!r}")
-    if vllm_shape not in wire_vllm.SHAPES:
-        raise ValueError(f"vllm_shape must be one of {', '.join(map(repr, wire_vllm.SHAPES))}, not {vllm_shape!r}")
+    if vllm_shape not in writer_vllm.SHAPES:
+        raise ValueError(f"vllm_shape must be one of {', '.join(map(repr, writer_vllm.SHAPES))}, not {vllm_shape!r}")
 
 
 def check_dialect_fault(dialect: str, fault: dict[str, Any]) -> None:
@@ -141,8 +139,8 @@ def vllm_chunk(req: Request, outs: list[Output], *, first: bool) -> dict[str, An
         finish = "abort"
         gen = truncate(gen, last.end, {"type": "abort"})
     elif last.terminal:
-        finish, stop_reason = wire_vllm.finish_of(gen)
-    return wire_vllm.chunk(
+        finish, stop_reason = writer_vllm.finish_of(gen)
+    return writer_vllm.chunk(
         gen,
         outs[0].start,
         last.end,
@@ -155,15 +153,47 @@ def vllm_chunk(req: Request, outs: list[Output], *, first: bool) -> dict[str, An
     )
 
 
+class Host(Protocol):
+    """What a dialect's server needs of the emulator that runs it: its settings, its scheduler's
+    counts, and the request lifecycle. The emulator is one such host; nothing else of it is used."""
+
+    vllm_shape: str
+    fault: dict[str, Any] | None
+    return_sampling_mask: bool
+    enable_return_routed_experts: bool
+    stream_interval: int
+    stats: EmulatorStats
+
+    @property
+    def running(self) -> int: ...
+
+    @property
+    def queued(self) -> int: ...
+
+    def expected(
+        self, rid: str, n: int, *, prompt_tokens: int = ..., top_p: bool = ..., routed_experts: bool = ...
+    ) -> writer.Generation: ...
+
+    def abort(self, rid: str = "", *, abort_all: bool = False) -> int: ...
+
+    def is_closing(self) -> bool: ...
+
+    async def serve_request(
+        self, req: Request, respond: Callable[[], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse: ...
+
+    def note_disconnect(self, req: Request) -> None: ...
+
+
 class VllmServer:
     """vLLM's endpoints, on the emulator's requests and scheduler."""
 
-    def __init__(self, emulator: Emulator) -> None:
-        self.em = emulator
+    def __init__(self, host: Host) -> None:
+        self.host = host
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/inference/v1/generate", self.generate)
-        if self.em.vllm_shape == "0.32":
+        if self.host.vllm_shape == "0.32":
             app.router.add_post("/inference/v1/abort_requests", self.abort_by_id)
         app.router.add_post("/abort_requests", self.abort_requests)
         app.router.add_get("/load", self.load)
@@ -174,7 +204,7 @@ class VllmServer:
 
     async def load(self, request: web.Request) -> web.Response:
         # What vime's server control reads (num_requests_from_load): the requests the server holds.
-        return web.json_response({"server_load": self.em.running + self.em.queued})
+        return web.json_response({"server_load": self.host.running + self.host.queued})
 
     async def _ids(self, request: web.Request) -> tuple[list[str] | None, web.Response | None]:
         try:
@@ -196,7 +226,7 @@ class VllmServer:
         if ids is None:
             return web.json_response({"detail": "Missing 'request_ids' in request body"}, status=400)
         for rid in ids:
-            self.em.abort(rid)
+            self.host.abort(rid)
         return web.Response(status=200)
 
     async def abort_requests(self, request: web.Request) -> web.Response:
@@ -205,7 +235,7 @@ class VllmServer:
         ids, refusal = await self._ids(request)
         if refusal is not None:
             return refusal
-        aborted = sum(self.em.abort(rid) for rid in ids) if ids else self.em.abort(abort_all=True)
+        aborted = sum(self.host.abort(rid) for rid in ids) if ids else self.host.abort(abort_all=True)
         return web.json_response({"status": "aborted", "aborted": aborted})
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
@@ -215,7 +245,7 @@ class VllmServer:
             return error_response("vllm", 400, f"invalid JSON body: {exc}")
         if not isinstance(body, dict):
             return error_response("vllm", 400, "the request body must be a JSON object")
-        fault = body.get(FAULT_KEY, self.em.fault) or {}
+        fault = body.get(FAULT_KEY, self.host.fault) or {}
         try:
             check_dialect_fault("vllm", fault)
             req = self.make_request(body, fault, request.headers.get("X-Request-Id"))
@@ -224,7 +254,7 @@ class VllmServer:
         if fault.get("kind") == "http_500":
             return error_response("vllm", 500, fault.get("message", "injected HTTP 500"))
         stream = bool(body.get("stream"))
-        return await self.em._serve(req, lambda: self.stream(request, req) if stream else self.whole(req))
+        return await self.host.serve_request(req, lambda: self.stream(request, req) if stream else self.whole(req))
 
     def make_request(self, body: dict[str, Any], fault: dict[str, Any], header_id: str | None) -> VllmRequest:
         ids = body.get("token_ids")
@@ -237,7 +267,7 @@ class VllmServer:
         if not isinstance(base, str):
             raise ValueError("request_id must be a string")
         base = header_id if header_id is not None else base  # vLLM's X-Request-Id overrides the body
-        em = self.em
+        host = self.host
         # Left out: vLLM fills the model's context (here the emulator's SGLang default).
         max_tokens = params.get("max_tokens", 128)
         if type(max_tokens) is not int or max_tokens < 1:
@@ -245,15 +275,15 @@ class VllmServer:
         logprobs = params.get("logprobs")
         if logprobs is not None and (type(logprobs) is not int or logprobs < -1):
             raise ValueError(f"logprobs must be an integer or null, got {logprobs!r}")
-        mask = em.return_sampling_mask
+        mask = host.return_sampling_mask
         if mask and not params.get("temperature", 1.0) > 0:
             raise ValueError("sampling distribution replay requires temperature > 0")
         if mask and not (type(params.get("top_k")) is int and params["top_k"] > 0):
             raise ValueError("sampling distribution replay requires top_k > 0")
         options = body.get("stream_options") or {}
-        routed = em.enable_return_routed_experts
+        routed = host.enable_return_routed_experts
         # Tokens are keyed by the id the client gave; the wire (and every abort) uses vLLM's own.
-        gen = em.expected(base, max_tokens, prompt_tokens=len(ids), top_p=mask, routed_experts=routed)
+        gen = host.expected(base, max_tokens, prompt_tokens=len(ids), top_p=mask, routed_experts=routed)
         rid = VLLM_ID_PREFIX + base
         stops = set(params.get("stop_token_ids") or ())
         hit = next((i for i, t in enumerate(gen.token_ids) if t in stops), None)
@@ -262,11 +292,11 @@ class VllmServer:
         else:
             gen = dataclasses.replace(gen, finish_reason={"type": "length"})
         gen = dataclasses.replace(gen, rid=rid)
-        streamed_mask = mask and em.vllm_shape == "0.32"
+        streamed_mask = mask and host.vllm_shape == "0.32"
         usage = bool(options.get("include_usage"))
-        vllm = VllmOptions(em.vllm_shape, logprobs is not None, routed, streamed_mask, usage)
-        interval = max(1, int(params.get("stream_interval") or em.stream_interval))
-        return VllmRequest(rid=rid, gen=gen, opts=wire.WireOptions(), interval=interval, fault=fault, vllm=vllm)
+        vllm = VllmOptions(host.vllm_shape, logprobs is not None, routed, streamed_mask, usage)
+        interval = max(1, int(params.get("stream_interval") or host.stream_interval))
+        return VllmRequest(rid=rid, gen=gen, opts=writer.WireOptions(), interval=interval, fault=fault, vllm=vllm)
 
     async def stream(self, request: web.Request, req: VllmRequest) -> web.StreamResponse:
         resp = web.StreamResponse(headers=SSE_HEADERS)
@@ -274,13 +304,13 @@ class VllmServer:
             await resp.prepare(request)
             await self._stream_body(request, req, resp)
         except ConnectionResetError:  # a write found the client gone
-            self.em._note_disconnect(req)
+            self.host.note_disconnect(req)
         return resp
 
     async def _stream_body(self, request: web.Request, req: VllmRequest, resp: web.StreamResponse) -> None:
         await req.admitted.wait()
-        em, opts, gen = self.em, req.vllm, req.gen
-        if em._is_closing():
+        host, opts, gen = self.host, req.vllm, req.gen
+        if host.is_closing():
             return  # an unfinished body: the client sees a truncated stream
         kind, at = req.fault.get("kind"), req.fault.get("at", 1)
         split = int(req.fault.get("size", 7)) if kind == "split" else 0
@@ -299,13 +329,13 @@ class VllmServer:
                 message = req.fault.get("message", "Internal server error")
                 code = int(req.fault.get("code", 500))
                 kind_name = "InternalServerError" if code >= 500 else "BadRequestError"
-                await write(wire_vllm.error_chunk(message, req.fault.get("type", kind_name), code))
+                await write(writer_vllm.error_chunk(message, req.fault.get("type", kind_name), code))
                 raise StreamEnded  # then [DONE]
             elif index == at and kind == "malformed_json":
                 await write(b'data: {"request_id":"broken","choices":[{"index":0,\n\n')
                 raise StreamEnded
             elif index == at and kind == "cut":
-                data = wire_vllm.sse(chunk)
+                data = writer_vllm.sse(chunk)
                 await write(data[: len(data) // 2])
                 raise ConnectionCut
             choice = chunk["choices"][0]
@@ -313,18 +343,18 @@ class VllmServer:
                 # Before 0.32 an output without tokens was skipped, the abort's too: the usage
                 # chunk and [DONE] follow the last tokens, with no finish_reason.
                 return
-            await write(wire_vllm.sse(chunk))
+            await write(writer_vllm.sse(chunk))
             sent += len(choice["token_ids"])
-            em.stats.written[req.rid] = sent
+            host.stats.written[req.rid] = sent
 
         try:
             if req.state == "echo":  # aborted while queued: the abort ends it before any token
                 await emit(0, vllm_chunk(req, [Output(0, 0, True, ABORT_REASON)], first=True))
             else:
-                await drain(req, emit, closing=em._is_closing, build=vllm_chunk)
+                await drain(req, emit, closing=host.is_closing, build=vllm_chunk)
         except StreamEnded:
             req.state = "done"
-            await write(wire.DONE)
+            await write(writer.DONE)
             return
         except ConnectionCut:
             req.state = "done"
@@ -334,18 +364,18 @@ class VllmServer:
         # The request is over once its finishing output went out (a client that leaves while the
         # usage chunk and [DONE] are written is no disconnect).
         req.state = "done"
-        em.stats.completed += 1
+        host.stats.completed += 1
         if opts.usage:
-            await write(wire_vllm.sse(wire_vllm.usage_chunk(gen, sent, shape=opts.shape)))
+            await write(writer_vllm.sse(writer_vllm.usage_chunk(gen, sent, shape=opts.shape)))
         if kind == "stall" and at == "done":
             await wire_stall(req.fault)
-        await write(wire.DONE)
+        await write(writer.DONE)
         await resp.write_eof()
 
     async def whole(self, req: VllmRequest) -> web.Response:
         """``"stream": false``: one response with every token (the same chunk, usage filled)."""
         await req.admitted.wait()
-        if self.em._is_closing():
+        if self.host.is_closing():
             return error_response("vllm", 503, "emulator stopping")
         last: list[Output] = [Output(0, 0, True, ABORT_REASON)] if req.state == "echo" else []
 
@@ -354,14 +384,14 @@ class VllmServer:
 
         try:
             if not last:
-                await drain(req, keep, closing=self.em._is_closing, build=_record(last))
+                await drain(req, keep, closing=self.host.is_closing, build=_record(last))
         except StreamEnded:
             return error_response("vllm", 503, "emulator stopping")
         end = last[-1].end if last else 0
         whole = vllm_chunk(req, [Output(0, end, True, last[-1].reason if last else None)], first=True)
-        whole["usage"] = wire_vllm.usage_chunk(req.gen, end, shape=req.vllm.shape)["usage"]
+        whole["usage"] = writer_vllm.usage_chunk(req.gen, end, shape=req.vllm.shape)["usage"]
         req.state = "done"
-        self.em.stats.completed += 1
+        self.host.stats.completed += 1
         return web.Response(body=orjson.dumps(whole), content_type="application/json")
 
 

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from fastaccum._messages import (
+from fastaccum._core.messages import (
     bad_count,
     bad_npy,
     bad_option,
@@ -32,7 +32,7 @@ from fastaccum._messages import (
     wrong_dialect,
     wrong_type,
 )
-from fastaccum._policy import (
+from fastaccum._core.policy import (
     ABSENT,
     ARRAY_KEYS,
     COUNT_LIMIT,
@@ -286,7 +286,7 @@ def chunk_arrays(
     """A chunk's sampling mask as top-p rows (read_top_p's answer: one row of kept token ids per
     token, the rows of this chunk's tokens) and its routed experts (``{"routed_experts": array}``,
     the ``.npy`` decoded by ``npy_array``, in its wire dtype or, ``widen``, as int32); None for what
-    it does not carry. ``streamed``: as fastaccum._policy.read_arrays."""
+    it does not carry. ``streamed``: as fastaccum._core.policy.read_arrays."""
     meta = parsed.meta if parsed is not None else {}
     mask = meta.get("sampling_mask")
     rows = _mask_rows(index, mask) if mask is not None else None
