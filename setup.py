@@ -165,6 +165,7 @@ setup(
     packages=[
         "fastaccum",
         "fastaccum._core",
+        "fastaccum._rollout",
         "fastaccum.cli",
         "fastaccum.emulator",
         "fastaccum.slime",

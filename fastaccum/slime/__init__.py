@@ -34,6 +34,8 @@ generate function and its four abort paths), ``_commit`` (results onto the ``Sam
 
 from fastaccum.slime._abort import generate_rollout, request_abort
 from fastaccum.slime._generate import generate
-from fastaccum.slime._pools import close_session
+from fastaccum.slime._pools import POOLS
 
 __all__ = ("generate", "generate_rollout", "request_abort", "close_session")
+
+close_session = POOLS.close_session  # this loop's connections (tests, and custom loops that end)

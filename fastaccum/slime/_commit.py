@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastaccum._rollout import call_tokens, record_timing
+from fastaccum._rollout import append_call, call_tokens, record_timing
 from fastaccum.errors import ServerError, StreamFormatError
 from fastaccum.result import StreamResult
 from fastaccum.slime._modules import modules
@@ -46,15 +46,7 @@ def commit_terminal(args: Any, sample: Any, result: StreamResult, tokenizer: Any
         meta["top_p_token_offsets"] = result.top_p_token_offsets
     if result.routed_experts is not None:
         meta["routed_experts"] = result.routed_experts
-    sample.append_response_tokens(
-        args,
-        tokens=tokens,
-        log_probs=logprobs,
-        trainable=True,
-        meta_info=meta,
-        text=_text(result, tokens, tokenizer),
-        update_terminal_info=True,
-    )
+    append_call(args, sample, tokens, logprobs, _text(result, tokens, tokenizer), meta, terminal=True)
     record_timing(sample, result)
 
 
@@ -62,15 +54,7 @@ def commit_prefix(args: Any, sample: Any, result: StreamResult, tokenizer: Any) 
     """A deliberate request-level cancel: the observed prefix, no terminal bookkeeping, ABORTED."""
     tokens, logprobs = call_tokens(result, "return_logprob is set")
     if tokens:
-        sample.append_response_tokens(
-            args,
-            tokens=tokens,
-            log_probs=logprobs,
-            trainable=True,
-            meta_info=None,
-            text=_text(result, tokens, tokenizer),
-            update_terminal_info=False,
-        )
+        append_call(args, sample, tokens, logprobs, _text(result, tokens, tokenizer), None, terminal=False)
         version = result.meta_info.get("weight_version")
         if version is not None:  # keep one entry per committed segment, as terminal commits do
             sample.weight_versions.append(version)

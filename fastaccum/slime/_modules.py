@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from fastaccum._rollout.framework import import_framework
+
 __all__ = ("modules", "forget")
 
 _loaded: SimpleNamespace | None = None
@@ -19,20 +21,9 @@ def modules() -> SimpleNamespace:
     """
     global _loaded
     if _loaded is None:
-        # slime ships no stubs and is not installed where fastaccum is type-checked.
         from slime.backends.sglang_utils import server_control
-        from slime.rollout import sglang_rollout
-        from slime.utils import async_utils, http_utils, misc
-        from slime.utils.types import Sample
 
-        _loaded = SimpleNamespace(
-            rollout=sglang_rollout,
-            server_control=server_control,
-            http_utils=http_utils,
-            async_utils=async_utils,
-            misc=misc,
-            Sample=Sample,
-        )
+        _loaded = import_framework("slime", "sglang_rollout", server_control=server_control)
     return _loaded
 
 

@@ -7,13 +7,12 @@ from typing import Any
 
 import aiohttp
 
-from fastaccum.slime._pools import registry
-from fastaccum.slime._settings import Settings, router_url
+from fastaccum.slime._pools import CONTROL_TIMEOUT, FRAMEWORK, POOLS
+from fastaccum.slime._settings import Settings
 
 __all__ = ("check_server_mode", "checked_modes", "CONTROL_TIMEOUT")
 
-# Control calls (/workers, /server_info, /v1/loads) answer at once on a live server.
-CONTROL_TIMEOUT = aiohttp.ClientTimeout(total=10)
+
 checked_modes: set[tuple[str, str]] = set()  # (router url, mode) pairs the servers agreed with
 
 
@@ -25,10 +24,10 @@ async def check_server_mode(args: Any, settings: Settings, session: aiohttp.Clie
     """
     if settings.stream_mode == "auto" or not settings.check_server_mode:
         return
-    key = (router_url(args), settings.stream_mode)
+    key = (FRAMEWORK.router_url(args), settings.stream_mode)
     if key in checked_modes:
         return
-    async with registry().mode_lock:
+    async with POOLS.registry().mode_lock:
         if key in checked_modes:
             return
         configured = settings.stream_mode == "incremental"
@@ -53,7 +52,7 @@ async def _server_infos(args: Any, session: aiohttp.ClientSession) -> list[tuple
     ]
     if any("incremental_streaming_output" in info for _, info in infos):
         return infos
-    router = router_url(args)
+    router = FRAMEWORK.router_url(args)
     workers = await _get_json(session, f"{router}/workers")
     urls = [w["url"] for w in (workers or {}).get("workers", []) if isinstance(w, dict) and "url" in w]
     found = []

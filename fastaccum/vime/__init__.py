@@ -26,8 +26,18 @@ rollout function and ``request_abort``), ``_modules`` (the lazy vime import: the
 fastaccum imports vime).
 """
 
+import sys
+
 from fastaccum.vime._abort import generate_rollout, request_abort
 from fastaccum.vime._generate import generate
-from fastaccum.vime._pools import close_session
+from fastaccum.vime._modules import VimeLineError, modules
+from fastaccum.vime._pools import POOLS
 
-__all__ = ("generate", "generate_rollout", "request_abort", "close_session")
+__all__ = ("generate", "generate_rollout", "request_abort", "close_session", "VimeLineError")
+
+close_session = POOLS.close_session  # this loop's connections (tests, and custom loops that end)
+
+if "vime.rollout.vllm_rollout" in sys.modules:
+    # Imported by vime's load_function: vime is loaded already, so a line fastaccum does not know
+    # fails here, at import of the generate function, never mid-rollout.
+    modules()

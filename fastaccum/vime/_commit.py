@@ -1,17 +1,20 @@
 """Committing a result onto vime's ``Sample``: once per call, the terminal result or a cut prefix,
-through vime's own ``Sample.append_response_tokens`` (which keeps the loss mask, log-probs, top-p
-CSR, routed experts and status aligned as vime's non-streaming ``generate`` has them)."""
+the way this vime line's own ``generate`` commits: through ``Sample.append_response_tokens``
+(which keeps the loss mask, log-probs, top-p CSR, routed experts and status aligned), or, on a
+line whose ``Sample`` has only ``update_from_meta_info``, tokens written directly and then that."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastaccum._rollout import call_tokens, record_timing
+import numpy as np
+
+from fastaccum._rollout import append_call, call_tokens, record_timing
 from fastaccum.errors import ServerError, StreamFormatError
 from fastaccum.result import StreamResult
 from fastaccum.vime._modules import modules
 
-__all__ = ("commit_prefix", "commit_terminal", "finish_of")
+__all__ = ("commit_prefix", "commit_terminal", "finish_of", "weight_versions")
 
 # vLLM's finish_reason strings as vime maps them (vllm_rollout._inference_generate_meta_info);
 # vime maps any other string to "stop" (complete), which would train on an errored or unknown end:
@@ -32,6 +35,17 @@ def finish_of(result: StreamResult) -> dict[str, Any]:
     return {"type": kind}
 
 
+def weight_versions(result: StreamResult) -> list[str]:
+    """The weight versions a call ran under: one per ``weight_versions`` span of the finishing
+    choice (vLLM 0.32: ``[{"version", "start", "end"}]``; a weight update mid-request makes two),
+    or a top-level ``weight_version`` where a server sends that instead."""
+    spans = result.meta_info.get("weight_versions")
+    if isinstance(spans, list) and spans:
+        return [str(span["version"]) for span in spans if isinstance(span, dict) and span.get("version") is not None]
+    version = result.meta_info.get("weight_version")
+    return [] if version is None else [str(version)]
+
+
 def _text(tokens: list[int], tokenizer: Any, skip_special_tokens: bool) -> str:
     # vLLM's token-in/token-out endpoint sends no text: decode once per call, not per chunk.
     return tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens) if tokens else ""
@@ -44,14 +58,31 @@ def _top_p(result: StreamResult, meta: dict[str, Any]) -> None:
         meta["top_p_token_offsets"] = result.top_p_token_offsets
 
 
+def _write(
+    args: Any, sample: Any, tokens: list[int], logprobs: list[float], text: str, meta: dict[str, Any] | None
+) -> None:
+    """Tokens onto a ``Sample`` without ``append_response_tokens``, as that line's ``generate``
+    writes them; ``meta`` (terminal only) then goes through ``update_from_meta_info``."""
+    sample.tokens = list(sample.tokens) + tokens
+    sample.response_length += len(tokens)
+    sample.response += text
+    if sample.loss_mask is not None:  # that line keeps a mask only once partial rollout masked one
+        sample.loss_mask += [1] * len(tokens)
+    if sample.rollout_log_probs is None:
+        sample.rollout_log_probs = []
+    sample.rollout_log_probs += logprobs
+    if meta is not None:
+        sample.update_from_meta_info(args, meta)
+
+
 def commit_terminal(args: Any, sample: Any, result: StreamResult, tokenizer: Any, skip_special_tokens: bool) -> None:
-    """A stream that ended with its finishing chunk: tokens, terminal bookkeeping, status."""
+    """A stream that ended with its finishing chunk (a finish, or an abort chunk): tokens,
+    terminal bookkeeping, status."""
     finish = finish_of(result)
     tokens, logprobs = call_tokens(result, "logprobs: 1 is sent")
     info = result.meta_info
     meta: dict[str, Any] = {"finish_reason": finish}
-    if info.get("weight_version") is not None:
-        meta["weight_version"] = str(info["weight_version"])
+    versions = weight_versions(result)
     usage = info.get("usage")
     if isinstance(usage, dict):
         meta["prompt_tokens"] = usage.get("prompt_tokens", 0)
@@ -63,39 +94,38 @@ def commit_terminal(args: Any, sample: Any, result: StreamResult, tokenizer: Any
         meta["spec_accept_token_num"] = spec.get("num_accepted_draft_tokens", spec.get("num_accepted_tokens", 0))
         meta["spec_draft_token_num"] = spec.get("num_draft_tokens", 0)
         meta["spec_verify_ct"] = spec.get("num_spec_steps", spec.get("num_verify_steps", 0))
+    text = _text(tokens, tokenizer, skip_special_tokens)
+    if modules().commit == "update":
+        _write(args, sample, tokens, logprobs, text, meta)
+        sample.weight_versions.extend(versions)
+        if result.routed_experts is not None:
+            sample.rollout_routed_experts = np.ascontiguousarray(result.routed_experts, dtype=np.int32)
+        record_timing(sample, result)
+        return
+    if versions:  # vime's Sample takes one version per call; more spans are appended below
+        meta["weight_version"] = versions[0]
     _top_p(result, meta)
     if result.routed_experts is not None:
         meta["routed_experts"] = result.routed_experts
-    sample.append_response_tokens(
-        args,
-        tokens=tokens,
-        log_probs=logprobs,
-        trainable=True,
-        meta_info=meta,
-        text=_text(tokens, tokenizer, skip_special_tokens),
-        update_terminal_info=True,
-    )
+    append_call(args, sample, tokens, logprobs, text, meta, terminal=True)
+    sample.weight_versions.extend(versions[1:])
     record_timing(sample, result)
 
 
 def commit_prefix(args: Any, sample: Any, result: StreamResult, tokenizer: Any, skip_special_tokens: bool) -> None:
-    """A cut stream: the tokens received (with the sampling-mask rows that came with them), no
-    terminal bookkeeping, ABORTED. Routed experts come only in the finishing chunk: none."""
+    """A stream cut before its finishing chunk (a cut, or [DONE] without a finish_reason): the
+    tokens received (with the sampling-mask rows that came with them), no terminal bookkeeping,
+    ABORTED. Routed experts come only in a finishing chunk: none."""
     tokens, logprobs = call_tokens(result, "logprobs: 1 is sent")
     if tokens:
-        meta: dict[str, Any] = {}
-        _top_p(result, meta)
-        sample.append_response_tokens(
-            args,
-            tokens=tokens,
-            log_probs=logprobs,
-            trainable=True,
-            meta_info=meta,
-            text=_text(tokens, tokenizer, skip_special_tokens),
-            update_terminal_info=False,
-        )
-        version = result.meta_info.get("weight_version")
-        if version is not None:  # one entry per committed segment, as a terminal commit makes
-            sample.weight_versions.append(str(version))
+        text = _text(tokens, tokenizer, skip_special_tokens)
+        if modules().commit == "update":
+            _write(args, sample, tokens, logprobs, text, None)
+        else:
+            meta: dict[str, Any] = {}
+            _top_p(result, meta)
+            append_call(args, sample, tokens, logprobs, text, meta, terminal=False)
+        # one entry per committed segment, as a terminal commit makes
+        sample.weight_versions.extend(weight_versions(result))
     record_timing(sample, result)
     sample.status = modules().Sample.Status.ABORTED

@@ -1,104 +1,127 @@
-"""Per-event-loop state: the streams a rollout abort must stop, the rids it cut, the connection
-pools (one vLLM-dialect ``Client`` per router URL, one aiohttp session for control calls), with
-the one place that opens a stream."""
+"""vime's record for the skeleton (what differs from slime: its modules, router, load endpoint and
+the server-wide abort this vime line has), its per-loop pools, and the one place that opens a
+stream."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import weakref
+import uuid
 from typing import Any
 
 import aiohttp
 
-from fastaccum.transport.client import Client, ClientStream
+from fastaccum._core.dialects import vllm_abort_ids
+from fastaccum._rollout import CONTROL_TIMEOUT, Framework, Pools, RolloutSettings
 from fastaccum.vime._modules import modules
-from fastaccum.vime._settings import Settings, router_url
+from fastaccum.vime._settings import Settings
 
-__all__ = ("Registry", "registry", "session", "open_stream", "close_session", "CONTROL_TIMEOUT")
-
-# Control calls (/workers, /load, /abort_requests) answer at once on a live server.
-CONTROL_TIMEOUT = aiohttp.ClientTimeout(total=10)
+__all__ = ("Vime", "FRAMEWORK", "POOLS", "CONTROL_TIMEOUT")
 
 
-@dataclasses.dataclass(eq=False)
-class Registry:
-    """What ``request_abort`` must stop and clean up, for one event loop."""
+class Vime(Framework):
+    """vllm-project/vime on vLLM, each line as probed (fastaccum.vime._modules)."""
 
-    request_streams: set[ClientStream] = dataclasses.field(default_factory=set)
-    server_generations: int = 0
-    cut_rids: list[str] = dataclasses.field(default_factory=list)  # cut by disconnect, for the cancel endpoint
-    cancel_endpoint: dict[str, bool] = dataclasses.field(default_factory=dict)  # worker url -> has one
-    session: aiohttp.ClientSession | None = None
-    clients: dict[str, Client] = dataclasses.field(default_factory=dict)  # one pool per router URL
+    async def worker_urls(self, args: Any) -> list[str]:
+        """The router's workers: ``GET /workers``, else vllm-router's older ``GET /list_workers``."""
+        try:
+            return await super().worker_urls(args)
+        except Exception:
+            response = await modules().http_utils.get(f"{self.router_url(args)}/list_workers")
+            return [str(url) for url in response["urls"]]
 
+    async def load(self, args: Any, url: str) -> Any:
+        http = POOLS.session(args)
+        async with http.get(f"{url}/load?include_inflight=true&inflight_limit=100", timeout=CONTROL_TIMEOUT) as r:
+            r.raise_for_status()
+            return await r.json(content_type=None)
 
-_registries: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Registry] = weakref.WeakKeyDictionary()
+    def running(self, load: Any) -> int:
+        """Requests a worker's ``/load`` counts: vime's own reading where this line has it, else
+        vLLM's ``server_load`` (requests running and queued)."""
+        server_control = modules().server_control
+        if server_control is not None and hasattr(server_control, "num_requests_from_load"):
+            return int(server_control.num_requests_from_load(load))
+        return int(load.get("server_load", 0)) if isinstance(load, dict) else 0
 
+    async def server_abort(self, args: Any, urls: list[str]) -> None:
+        """End every request on these workers, the way this vime line does, and return when they
+        are idle."""
+        vime = modules()
+        if vime.server_abort == "until-idle":
+            await vime.server_control.abort_servers_until_idle(urls)
+            return
+        settings = Settings.from_args(args)
+        deadline = asyncio.get_running_loop().time() + settings.idle_timeout
+        if vime.server_abort == "pause":
+            # pause?mode=abort ends every running request with its abort chunk; resume lets the
+            # next rollout in. vime's own abort does the same.
+            await asyncio.gather(*(_post(args, f"{url.rstrip('/')}/pause?mode=abort") for url in urls))
+            try:
+                await self._idle(args, urls, deadline, settings.idle_poll_interval)
+            finally:
+                await asyncio.gather(*(_post(args, f"{url.rstrip('/')}/resume") for url in urls))
+            return
+        again = vime.server_control.abort_inflight_requests
+        await again(urls)
+        await self._idle(args, urls, deadline, settings.idle_poll_interval, again=again)
 
-def registry() -> Registry:
-    """This event loop's registry."""
-    loop = asyncio.get_running_loop()
-    found = _registries.get(loop)
-    if found is None:
-        found = _registries[loop] = Registry()
-    return found
+    async def after_cut(self, args: Any, settings: RolloutSettings) -> None:
+        await _cancel_cut_requests(args, settings)
 
-
-def session() -> aiohttp.ClientSession:
-    """This loop's aiohttp session for control calls (never through a proxy: internal traffic)."""
-    state = registry()
-    if state.session is None or state.session.closed:
-        state.session = aiohttp.ClientSession(timeout=CONTROL_TIMEOUT, trust_env=False)
-    return state.session
-
-
-def _client(args: Any) -> Client:
-    """This loop's ``Client`` for the router; a second router URL gets a pool of its own."""
-    clients = registry().clients
-    url = router_url(args)
-    client = clients.get(url)
-    if client is None or client.closed:
-        client = clients[url] = Client(url, max_connections=_connection_limit(args), dialect="vllm")
-    return client
-
-
-def _connection_limit(args: Any) -> int:
-    engines = int(modules().http_utils.get_rollout_num_engines(args))
-    limit = int(getattr(args, "vllm_server_concurrency", 0) or 0) * engines
-    return limit if limit > 0 else 100
-
-
-def open_stream(
-    args: Any,
-    settings: Settings,
-    payload: dict[str, Any],
-    *,
-    expert_shape: tuple[int, int] | None,
-    headers: dict[str, str] | None,
-) -> ClientStream:
-    """The stream for one call: vLLM's /inference/v1/generate through ``fastaccum.Client``. vLLM
-    aborts a request when its connection closes, so an abort cuts (abort_drain_s=None)."""
-    return _client(args).stream(
-        payload,
-        expert_shape=expert_shape,
-        max_event_bytes=settings.max_event_bytes,
-        headers=headers,
-        read_timeout=settings.read_timeout,
-        coalesce_ms=settings.coalesce_ms,
-        abort_drain_s=None,
-        dialect="vllm",
-    )
+    async def _idle(self, args: Any, urls: list[str], deadline: float, interval: float, again: Any = None) -> None:
+        """Poll ``/load`` until no worker runs a request (``again``: the abort to repeat meanwhile,
+        as vime re-sweeps); past the deadline, a ``TimeoutError`` names the busy workers."""
+        busy = list(urls)
+        while busy:
+            loads = await asyncio.gather(*(self.load(args, url) for url in busy))
+            busy = [url for url, answer in zip(busy, loads) if self.running(answer) > 0]
+            if not busy:
+                return
+            if asyncio.get_running_loop().time() >= deadline:
+                raise TimeoutError(f"vLLM workers {busy} still run requests after the server-wide abort")
+            if again is not None:
+                await again(busy)
+            await asyncio.sleep(interval)
 
 
-async def close_session() -> None:
-    """Close this loop's connections (tests, and custom loops that end)."""
-    state = _registries.get(asyncio.get_running_loop())
-    if state is None:
+async def _cancel_cut_requests(args: Any, settings: RolloutSettings) -> None:
+    """Name the cut requests to each worker's cancel endpoint, where it has one.
+
+    vLLM aborts a request when its connection closes; the RLHF dev API's ``POST /abort_requests``
+    (``{"request_ids": [...]}``; served only under ``VLLM_SERVER_DEV_MODE=1`` or ``--tokens-only``)
+    ends them at once instead of at the next check. Whether a worker has it is probed once with a
+    request id nobody holds (never with ``{}``, which aborts every request); a worker without it
+    answers 404 and is left to the disconnect.
+    """
+    state = POOLS.registry()
+    rids, state.cut_rids = state.cut_rids, []
+    if not rids or (isinstance(settings, Settings) and settings.cancel_endpoint == "off"):
         return
-    clients, state.clients = state.clients, {}
-    for client in clients.values():
-        await client.close()
-    if state.session is not None:
-        await state.session.close()
-        state.session = None
+    try:
+        urls = await FRAMEWORK.worker_urls(args)
+    except Exception as exc:  # the disconnect already aborts; the idle wait checks the outcome
+        FRAMEWORK.logger.warning("fastaccum: could not list workers for the cancel endpoint (%r)", exc)
+        return
+    http = POOLS.session(args)
+    for url in urls:
+        if url not in state.cancel_endpoint:
+            state.cancel_endpoint[url] = await _post_ok(http, url, [f"fastaccum-probe-{uuid.uuid4().hex}"])
+        if state.cancel_endpoint[url]:
+            await _post_ok(http, url, [name for rid in rids for name in vllm_abort_ids(rid)])
+
+
+async def _post_ok(http: aiohttp.ClientSession, url: str, rids: list[str]) -> bool:
+    try:
+        async with http.post(f"{url}/abort_requests", json={"request_ids": rids}, timeout=CONTROL_TIMEOUT) as r:
+            return r.status < 400
+    except (TimeoutError, aiohttp.ClientError):
+        return False
+
+
+async def _post(args: Any, url: str) -> None:
+    async with POOLS.session(args).post(url, json={}, timeout=CONTROL_TIMEOUT) as r:
+        r.raise_for_status()
+
+
+FRAMEWORK = Vime("vime", "vllm", "vllm", "/inference/v1/generate", modules, Settings.from_args)
+POOLS = Pools(FRAMEWORK)

@@ -38,7 +38,7 @@ from fastaccum.transport.aiohttp_stream import GenerateStream
 from fastaccum.transport.client import DEFAULT_COALESCE_MS, ClientStream
 from fastaccum.transport.consumer import StreamConsumer
 
-OPEN_STREAM = _pools.open_stream  # the adapter's own, which Wiring wraps
+OPEN_STREAM = _pools.POOLS.open_stream  # the adapter's own, which Wiring wraps
 
 DOUBLE_ROOT = str(Path(__file__).resolve().parent)
 PROMPT = "alpha beta gamma delta epsilon zeta eta theta"
@@ -234,7 +234,7 @@ class Wiring:
         return rid
 
     def open_stream(self, args: Any, settings: Any, payload: dict[str, Any], **kwargs: Any) -> StreamConsumer:
-        """``fastaccum.slime._pools.open_stream`` with this wiring's plan applied to the request."""
+        """``fastaccum.slime._pools.POOLS.open_stream`` with this wiring's plan applied to the request."""
         self.payloads.append(payload)
         self.headers.append(kwargs.get("headers"))
         plan = self.plans.get(payload["rid"], {})
@@ -260,7 +260,7 @@ def wired(env: SlimeEnv, emulator: Emulator) -> Iterator[Wiring]:
     wiring = Wiring(emulator)
     patch = pytest.MonkeyPatch()
     patch.setattr(_generate, "new_rid", wiring.rid)
-    patch.setattr(_pools, "open_stream", wiring.open_stream)
+    patch.setattr(_pools.POOLS, "open_stream", wiring.open_stream)
     try:
         yield wiring
     finally:
@@ -546,7 +546,7 @@ def scenario_unrelated_cancellation_propagates(env: SlimeEnv) -> None:
                 state.cancellable_tasks.discard(task)
                 task.cancel()
             else:
-                for stream in list(_pools.registry().request_streams):
+                for stream in list(_pools.POOLS.registry().request_streams):
                     stream.abort()
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -556,7 +556,7 @@ def scenario_unrelated_cancellation_propagates(env: SlimeEnv) -> None:
         env.run(main())
         assert sample.response_length == 0 and sample.response == ""  # nothing committed
         assert sample.status == env.Sample.Status.PENDING and sample.loss_mask is None
-        assert not _pools._registries or all(not r.request_streams for r in _pools._registries.values())
+        assert all(not r.request_streams for r in _pools.POOLS.registries())
 
 
 def scenario_server_abort_commits_terminal(env: SlimeEnv, incremental: bool) -> None:
@@ -684,9 +684,9 @@ def scenario_second_router_gets_its_own_pool(env: SlimeEnv) -> None:
             assert not task.done()  # the first router's stream ran on while the second answered
             await task
             await fs.generate(again_args, again, sampling_params(env, again_args))
-            clients = dict(_pools.registry().clients)
+            clients = dict(_pools.POOLS.registry().clients)
             await fs.close_session()
-            assert _pools.registry().clients == {}
+            assert _pools.POOLS.registry().clients == {}
             return clients
 
         clients = env.run(main())
@@ -868,7 +868,7 @@ def scenario_top_p_kept_at_abort(env: SlimeEnv) -> None:
 
         async def main() -> None:
             task = await _start_and_wait(emu, generate_and_rm(env, args, sample), 5)
-            state, registry = env.rollout.GenerateState(args), _pools.registry()
+            state, registry = env.rollout.GenerateState(args), _pools.POOLS.registry()
             if drains(env):  # request-abortable: ended by rid like any other call
                 if env.line == "request-abort":
                     assert state.active_server_generations == 0 and len(state.cancellable_tasks) == 1

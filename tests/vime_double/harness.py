@@ -552,15 +552,14 @@ def scenario_rollout_abort_and_resume(env: VimeEnv, cancel_endpoint: bool) -> No
         assert len(cut.loss_mask) == len(cut.rollout_log_probs) == k
         assert cut.metadata["start_rollout_id"] == 0 and cut.weight_versions == ["w1"]
         assert all(s.status == env.Sample.Status.ABORTED and s.response_length == 0 for s in third)
-        assert {} not in srv.abort_bodies and srv.stats.aborted == 0  # never server-wide
-        # The cut request ended by its client leaving (the named abort below comes after it).
-        assert VLLM_ID_PREFIX + "s003a00" in srv.stats.disconnected_rids
+        assert {} not in srv.abort_bodies  # never server-wide
         assert not any(srv.written(rid) for rid in ("s004a00", "s005a00"))  # held: no token
-        named = [rid for body in srv.abort_bodies for rid in body["request_ids"]]
-        if cancel_endpoint:  # probed once with an unknown id, then the cut ids named
-            assert named[0].startswith("fastaccum-probe-") and "s003a00" in named[1:]
-        else:  # probed once (404), then left to the disconnect
-            assert named == [] and srv.stats.calls.get("/abort_requests") == 1, srv.stats.calls
+        named = [rid for body in srv.abort_bodies for rid in body.get("request_ids", [])]
+        if cancel_endpoint:  # vLLM 0.32 with its abort endpoint: aborted by id, the abort chunk read
+            assert VLLM_ID_PREFIX + "s003a00" in named and srv.stats.aborted >= 1
+            assert VLLM_ID_PREFIX + "s003a00" not in srv.stats.disconnected_rids
+        else:  # a server without it (404): cut, the request ended by its client leaving
+            assert VLLM_ID_PREFIX + "s003a00" in srv.stats.disconnected_rids and srv.stats.aborted == 0
 
         args.over_sampling_batch_size = 1
         out = fv.generate_rollout(args, 1, source)
@@ -584,11 +583,10 @@ async def _started(srv: Any, coro: Any, rid: str, tokens: int) -> asyncio.Task:
 
 
 def scenario_server_abort_outside_rollout_abort(env: VimeEnv, shape: str) -> None:
-    """The server aborts a running request while no rollout abort runs. vLLM 0.32 on ends it
-    with finish_reason "abort": committed ABORTED with its prefix. Before 0.32 the stream ends
-    with [DONE] and no finish_reason: the call fails with nothing committed, never complete."""
-    from fastaccum.errors import StreamTruncatedError
-
+    """The server aborts a running request while no rollout abort runs: never an exception in the
+    rollout. vLLM 0.32 on ends it with its abort chunk, before 0.32 with [DONE] and no
+    finish_reason; either way the sample comes back ABORTED with exactly its prefix, unscored, so
+    vime's buffer can resume it."""
     with server_thread(token_rate=400, vllm_shape=shape) as srv, wired(env):
         args = make_args(env, srv, rollout_max_response_len=2000)
         sample = new_sample(env)
@@ -596,21 +594,13 @@ def scenario_server_abort_outside_rollout_abort(env: VimeEnv, shape: str) -> Non
         async def main() -> None:
             task = await _started(srv, generate_and_rm(env, args, sample), "s000a00", 5)
             assert srv.abort_now("s000a00") == 1
-            if shape == "0.31":
-                with pytest.raises(StreamTruncatedError, match="vLLM before 0.32"):
-                    await task
-            else:
-                await task
+            await task
 
         env.run(main())
-        if shape == "0.31":
-            assert sample.status == env.Sample.Status.PENDING and sample.response_length == 0
-            assert sample.tokens == prompt_ids() and sample.loss_mask is None
-        else:
-            k = sample.response_length
-            assert sample.status == env.Sample.Status.ABORTED and k == srv.written("s000a00") > 0
-            assert_call(sample, srv, "s000a00", 0, k, len(prompt_ids()))
-            assert sample.reward is None and sample.weight_versions == ["w1"]
+        k = sample.response_length
+        assert sample.status == env.Sample.Status.ABORTED and k == srv.written("s000a00") > 0
+        assert_call(sample, srv, "s000a00", 0, k, len(prompt_ids()))
+        assert sample.reward is None and REWARDS[0] == 0 and sample.weight_versions == ["w1"]
         # The server ended it (no disconnect), and nothing asked it to.
         assert srv.stats.aborted == 1 and srv.stats.disconnects == 0 and srv.abort_bodies == []
         assert srv.running == 0
@@ -691,7 +681,7 @@ def scenario_unrelated_cancellation_propagates(env: VimeEnv) -> None:
                 state.cancellable_tasks.discard(task)
                 task.cancel()
             else:
-                for stream in list(_pools.registry().request_streams):
+                for stream in list(_pools.POOLS.registry().request_streams):
                     stream.abort()
             task.cancel()
             with pytest.raises(asyncio.CancelledError):

@@ -1,0 +1,87 @@
+"""The record of what differs per framework: everything else about a rollout is the skeleton's."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import aiohttp
+
+from fastaccum._rollout.settings import RolloutSettings
+
+__all__ = ("Framework", "import_framework", "CONTROL_TIMEOUT")
+
+# Control calls (/workers, /server_info, loads, aborts, /pause, /resume) answer at once on a live server.
+CONTROL_TIMEOUT = aiohttp.ClientTimeout(total=10)
+
+
+class Framework:
+    """One framework (slime, vime) as the skeleton drives it: an adapter subclasses it and fills in
+    what is its own. vime is slime's port, so both keep one module layout and one flag naming
+    (``--{flags}-router-ip``, ``--{flags}-server-concurrency``)."""
+
+    def __init__(
+        self,
+        name: str,
+        flags: str,
+        dialect: str,
+        generate_path: str,
+        modules: Callable[[], Any],
+        settings: Callable[[Any], RolloutSettings],
+    ) -> None:
+        self.name = name  # in messages and the logger: "slime", "vime"
+        self.flags = flags  # the prefix of the framework's server flags: "sglang", "vllm"
+        self.dialect = dialect  # the Client's dialect for the router's generate route
+        self.generate_path = generate_path  # the router's generate route, for the aiohttp transport
+        # modules(): the framework's modules, imported on first use: at least ``rollout``
+        # (``GenerateState``, a module-level ``abort``, ``generate_rollout``), ``misc``
+        # (``load_function``), ``http_utils`` (``get``, ``get_rollout_num_engines``) and ``Sample``.
+        self.modules = modules
+        self.settings = settings
+
+    @property
+    def logger(self) -> logging.Logger:
+        return logging.getLogger(f"fastaccum.{self.name}")
+
+    def router_url(self, args: Any) -> str:
+        return f"http://{getattr(args, f'{self.flags}_router_ip')}:{getattr(args, f'{self.flags}_router_port')}"
+
+    def connection_limit(self, args: Any) -> int:
+        """The pool size, as the framework sizes its own client (0: unknown)."""
+        engines = int(self.modules().http_utils.get_rollout_num_engines(args))
+        return int(getattr(args, f"{self.flags}_server_concurrency", 0) or 0) * engines
+
+    async def worker_urls(self, args: Any) -> list[str]:
+        response = await self.modules().http_utils.get(f"{self.router_url(args)}/workers")
+        return [worker["url"] for worker in response["workers"]]
+
+    async def server_abort(self, args: Any, urls: list[str]) -> None:
+        """End every request on these workers and return when they are idle: the idle wait's
+        fallback, and how calls that need their terminal event end under ``request_abort``."""
+        raise NotImplementedError
+
+    async def load(self, args: Any, url: str) -> Any:
+        """A worker's load answer (``running`` counts its requests)."""
+        raise NotImplementedError
+
+    def running(self, load: Any) -> int:
+        raise NotImplementedError
+
+    async def after_cut(self, args: Any, settings: RolloutSettings) -> None:
+        """After fastaccum cut its streams, before the idle wait (vime names them to a cancel
+        endpoint); nothing by default."""
+
+
+def import_framework(package: str, rollout: str, **extra: ModuleType | None) -> SimpleNamespace:
+    """``package``'s rollout module (``{package}.rollout.{rollout}``), its utilities and
+    ``Sample``, plus ``extra`` modules the adapter imported itself."""
+    utils = {name: importlib.import_module(f"{package}.utils.{name}") for name in ("async_utils", "http_utils", "misc")}
+    return SimpleNamespace(
+        rollout=importlib.import_module(f"{package}.rollout.{rollout}"),
+        Sample=importlib.import_module(f"{package}.utils.types").Sample,
+        **utils,
+        **extra,
+    )

@@ -1,0 +1,193 @@
+"""The rollout function and request-level abort, written once: the framework's module-level
+``abort`` swapped for the adapter's ``request_abort`` while a rollout runs, which stops
+fastaccum's streams, buffers the groups that kept a prefix and waits until the servers are idle."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+from fastaccum._rollout.endings import has_in_tree_request_abort
+from fastaccum._rollout.framework import Framework
+from fastaccum._rollout.pools import Pools
+from fastaccum._rollout.settings import RolloutSettings
+
+__all__ = ("ModuleAbort", "Lifecycle", "leaves", "kept_a_prefix", "collect_groups", "wait_until_idle")
+
+
+class ModuleAbort:
+    """A framework's module-level ``abort`` (looked up at call time), swapped for the adapter's
+    ``replacement`` while a rollout runs; ``original()`` is the framework's own, for the adapter to
+    call. One per adapter; the lock keeps concurrent rollouts (threads) from keeping the swap."""
+
+    def __init__(self, replacement: Callable[..., Any]) -> None:
+        self._replacement = replacement
+        self._stock: Any = None
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def swapped(self, rollout_module: Any) -> Iterator[None]:
+        with self._lock:
+            previous = rollout_module.abort
+            if previous is not self._replacement:
+                self._stock = previous
+            rollout_module.abort = self._replacement
+        try:
+            yield
+        finally:
+            with self._lock:
+                rollout_module.abort = previous
+
+    def original(self, rollout_module: Any) -> Any:
+        current = rollout_module.abort
+        return current if current is not self._replacement else self._stock
+
+
+def leaves(group: list[Any]) -> Iterator[Any]:
+    """The samples of a group (a fan-out generate returns list[Sample] per task)."""
+    for item in group:
+        if isinstance(item, list):
+            yield from item
+        else:
+            yield item
+
+
+def kept_a_prefix(group: list[Any], aborted: Any) -> bool:
+    """Some sample of the group was cut (``aborted``: the framework's ABORTED status) with tokens."""
+    return any(s.status == aborted and s.response_length > 0 for s in leaves(group))
+
+
+async def collect_groups(state: Any, args: Any, rollout_id: int, aborted: Any, framework: Framework) -> list[list[Any]]:
+    """Wait for every pending group as the framework's own abort does (never cancelling one:
+    siblings may be computing rewards); with ``--partial-rollout``, the groups that kept a prefix,
+    each resumed sample stamped with the rollout it started in."""
+    groups: list[list[Any]] = []
+    count = 0
+    partial = getattr(args, "partial_rollout", False)
+    while state.pendings:
+        done, state.pendings = await asyncio.wait(state.pendings, return_when=asyncio.FIRST_COMPLETED)
+        if not partial:
+            continue
+        for task in done:
+            group = task.result()
+            if not kept_a_prefix(group, aborted):
+                continue  # nothing observed: resuming would only redo finished siblings' work
+            for sample in leaves(group):
+                if sample.response and "start_rollout_id" not in sample.metadata:
+                    sample.metadata["start_rollout_id"] = rollout_id
+            groups.append(group)
+            count += len(group)
+    if partial:
+        framework.logger.info("fastaccum: buffered %d partial groups (%d samples) for resume", len(groups), count)
+    return groups
+
+
+async def wait_until_idle(
+    urls: list[str],
+    *,
+    load: Callable[[str], Awaitable[Any]],
+    running: Callable[[Any], int],
+    abort_until_idle: Callable[[list[str]], Awaitable[Any]],
+    timeout: float,
+    poll_interval: float,
+    framework: Framework,
+) -> None:
+    """Poll each worker's load (``load(url)``, ``running(load)`` requests) until none runs one;
+    past ``timeout``, or when a load cannot be read, the busy workers are aborted server-wide."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    busy = list(urls)
+    while busy:
+        try:
+            loads = await asyncio.gather(*(load(url) for url in busy))
+        except Exception as exc:  # an unreadable load proves nothing: make sure the hard way
+            framework.logger.warning("fastaccum: could not read server loads (%r); aborting server-wide", exc)
+            break
+        busy = [url for url, answer in zip(busy, loads) if running(answer) > 0]
+        if not busy:
+            return
+        if loop.time() >= deadline:
+            framework.logger.warning(
+                "fastaccum: %s still busy %.1f s after request-level abort; aborting server-wide", busy, timeout
+            )
+            break
+        await asyncio.sleep(poll_interval)
+    await abort_until_idle(busy)
+
+
+class Lifecycle:
+    """One adapter's rollout function and ``request_abort``.
+
+    ``request_abort`` is the adapter's public function (the one swapped in), which calls
+    ``abort()`` here; ``generate`` is the adapter's generate function, whose ``abort_mode``
+    marker tells the framework, and this, that fastaccum ends its calls.
+    """
+
+    def __init__(self, framework: Framework, pools: Pools, request_abort: Callable[..., Any]) -> None:
+        self.framework = framework
+        self.pools = pools
+        self.module_abort = ModuleAbort(request_abort)
+
+    def generate_rollout(self, args: Any, rollout_id: int, data_source: Any, evaluation: bool) -> Any:
+        rollout = self.framework.modules().rollout
+        if evaluation:
+            return rollout.generate_rollout(args, rollout_id, data_source, evaluation=True)
+        with self.module_abort.swapped(rollout):
+            return rollout.generate_rollout(args, rollout_id, data_source, evaluation=False)
+
+    def _framework_abort(self) -> Any:
+        return self.module_abort.original(self.framework.modules().rollout)
+
+    async def abort(self, args: Any, rollout_id: int) -> list[list[Any]]:
+        """Abort the rollout's in-flight work and return the groups to buffer for partial rollout.
+        When it returns, every stream fastaccum stopped is closed or drained and the servers are idle."""
+        fw = self.framework
+        found = fw.modules()
+        path = getattr(args, "custom_generate_function_path", None)
+        if not path or getattr(found.misc.load_function(path), "abort_mode", None) != "request":
+            # Another generate function: fastaccum cannot see its requests, the framework's abort can.
+            stock: list[list[Any]] = await self._framework_abort()(args, rollout_id)
+            return stock
+        settings = fw.settings(args)
+        state = found.rollout.GenerateState(args)
+        streams = self.pools.registry()
+        if has_in_tree_request_abort(state):
+            # The framework cancels the request-abort calls itself (generate commits each prefix as
+            # it is cancelled) and buffers the same groups; it only does not wait for the servers,
+            # which may notice a closed connection late and still be decoding.
+            server_wide = state.active_server_generations > 0
+            in_tree: list[list[Any]] = await self._framework_abort()(args, rollout_id)
+            if not server_wide:
+                await self._settle(args, settings)
+            return in_tree
+        assert not state.aborted, "request_abort called twice in one rollout"
+        state.aborted = True  # before the first await: generate calls starting from now stop at once
+        for stream in list(streams.request_streams):
+            stream.abort()
+        server_wide = streams.server_generations > 0
+        if server_wide:
+            # Calls that must end with their terminal event and cannot drain: only the server-wide
+            # abort ends them that way.
+            await fw.server_abort(args, await fw.worker_urls(args))
+        groups = await collect_groups(state, args, rollout_id, found.Sample.Status.ABORTED, fw)
+        if not server_wide:
+            await self._settle(args, settings)
+        return groups
+
+    async def _settle(self, args: Any, settings: RolloutSettings) -> None:
+        """After fastaccum stopped its streams: tell the servers what was cut, then wait until
+        every worker is idle (offloading and weight updates must not run under live requests)."""
+        fw = self.framework
+        await fw.after_cut(args, settings)
+        await wait_until_idle(
+            await fw.worker_urls(args),
+            load=lambda url: fw.load(args, url),
+            running=fw.running,
+            abort_until_idle=lambda busy: fw.server_abort(args, busy),
+            timeout=settings.idle_timeout,
+            poll_interval=settings.idle_poll_interval,
+            framework=fw,
+        )
