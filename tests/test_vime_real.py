@@ -1,12 +1,9 @@
 """The vime adapter scenarios inside a real vllm-project/vime tree, and on the double, side by side.
 
 Skipped unless ``FASTACCUM_VIME_PATH`` points at one or more vime source trees (separated by
-``os.pathsep``; vime installs from source and its code is never committed here). To get one::
-
-    git clone https://github.com/vllm-project/vime && git -C vime checkout 2b83ea20
-    FASTACCUM_VIME_PATH=$PWD/vime pytest tests/test_vime_real.py
-
-docs/vime.md ("Testing inside vime") names the commit and the files the harness imports. Needs
+``os.pathsep``; vime installs from source and its code is never committed here), each one of
+the vime lines listed file by file in tests/vime_double/lines/ (its README says how to lay one
+out). Each tree is run as the line it is detected to be (``harness.real_line``). Needs
 torch (CPU), numpy, httpx, aiohttp, tqdm, pillow and pybase64; ray, transformers, safetensors
 and the vime modules a partial tree may lack are stubbed by tests/vime_double/harness.py. Running
 the same scenarios on both is what keeps tests/vime_double faithful.
@@ -26,8 +23,7 @@ import pytest
 VIME_PATH = os.environ.get("FASTACCUM_VIME_PATH")
 if not VIME_PATH:
     pytest.skip(
-        "FASTACCUM_VIME_PATH is not set (a vllm-project/vime tree at 2b83ea20: git clone "
-        "https://github.com/vllm-project/vime; see docs/vime.md)",
+        "FASTACCUM_VIME_PATH is not set (vllm-project/vime trees laid out as tests/vime_double/lines/ lists)",
         allow_module_level=True,
     )
 pytest.importorskip("torch")

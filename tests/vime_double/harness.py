@@ -95,6 +95,7 @@ def _trace_function(name: str, **options: Any) -> Any:
 
 
 STUBS = (
+    "vllm_router",
     "ray",
     "ray.util",
     "ray.util.scheduling_strategies",
@@ -113,6 +114,7 @@ def install_stubs() -> list[str]:
     """Third-party modules vime imports at module level (ray, transformers, safetensors) and the
     vime modules a laid-out tree lacks (docs/vime.md, "Testing inside vime"); names installed."""
     before = set(sys.modules)
+    _module("vllm_router")  # imported for its side effects by the 052693a8 and edbcb4c9 rollouts
     ray = _module("ray", get=_stubbed, nodes=lambda: [], remote=_stubbed)
     ray.util = _module("ray.util")
     ray.util.scheduling_strategies = _module("ray.util.scheduling_strategies", NodeAffinitySchedulingStrategy=_stubbed)
@@ -174,8 +176,17 @@ class VimeEnv:
     def reset(self) -> None:
         self.misc.SingletonMeta._instances.clear()
         vars(self.rollout.GenerateState).get("_instances", {}).clear()
-        self.misc.load_function.cache_clear()
+        getattr(self.misc.load_function, "cache_clear", lambda: None)()  # uncached on the pause line
         REWARDS.clear()
+
+
+def real_line(rollout: Any) -> str:
+    """Which vime line a real tree is, from what its rollout module offers (docs/vime.md, "vime
+    lines"): request-level cancel (2b83ea20), pause?mode=abort (edbcb4c9), else the server-wide
+    abort with re-sweeps (052693a8)."""
+    if hasattr(rollout, "_run_request_abortable_generate"):
+        return "request-abort"
+    return "pause" if hasattr(rollout, "_resume_vllm_workers") else "stock"
 
 
 @contextlib.contextmanager
@@ -186,7 +197,10 @@ def vime_env(kind: str, root: str, line: str | None = None) -> Iterator[VimeEnv]
     sys.path.insert(0, root)
     stubs = install_stubs()
     try:
-        from vime.backends.vllm_utils import server_control
+        try:  # the pause/resume line has no vime.backends at all
+            server_control: Any = importlib.import_module("vime.backends.vllm_utils.server_control")
+        except ModuleNotFoundError:
+            server_control = None
         from vime.rollout import vllm_rollout
         from vime.utils import async_utils, http_utils, misc
         from vime.utils.types import Sample
@@ -195,7 +209,7 @@ def vime_env(kind: str, root: str, line: str | None = None) -> Iterator[VimeEnv]
             assert line in LINES, line
             vllm_rollout.REQUEST_ABORT = line == "request-abort"
         else:
-            line = "request-abort" if hasattr(vllm_rollout, "_run_request_abortable_generate") else "stock"
+            line = real_line(vllm_rollout)
         env = VimeEnv(kind, root, line, vllm_rollout, misc, http_utils, async_utils, server_control, Sample)
         yield env
         env.run(fv.close_session())
@@ -236,14 +250,30 @@ class VimeEmulator(Emulator):
         self.payloads: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self.abort_bodies: list[dict[str, Any]] = []
+        self.pauses: list[str] = []
+        self.resumes = 0
         self.loop: asyncio.AbstractEventLoop | None = None
 
     def make_app(self) -> web.Application:
         app = super().make_app()
         app.middlewares.append(self._observe)
         app.router.add_get("/workers", self._workers)
+        app.router.add_post("/pause", self._pause)
+        app.router.add_post("/resume", self._resume)
         app.on_response_prepare.append(self._stamp_weight_version)
         return app
+
+    async def _pause(self, request: web.Request) -> web.Response:
+        """vLLM's ``POST /pause?mode=abort`` (what the edbcb4c9 line's abort sends): every request
+        held ends with its abort chunk."""
+        self.pauses.append(request.query.get("mode", ""))
+        if request.query.get("mode") == "abort":
+            self.abort(abort_all=True)
+        return web.json_response({})
+
+    async def _resume(self, request: web.Request) -> web.Response:
+        self.resumes += 1
+        return web.json_response({})
 
     async def _workers(self, request: web.Request) -> web.Response:
         return web.json_response({"workers": [{"url": self.url}]})
@@ -369,6 +399,10 @@ def make_args(env: VimeEnv, server: Any, **overrides: Any) -> SimpleNamespace:
         vllm_dp_size=None,
         vllm_enable_deterministic_inference=False,
         rollout_num_engines=1,
+        rollout_num_gpus=1,
+        rollout_num_gpus_per_engine=1,
+        rollout_global_dataset=True,
+        vllm_speculative_config=None,
         use_distributed_post=False,
         rollout_temperature=1.0,
         rollout_top_p=1.0,
@@ -459,6 +493,21 @@ def generate_and_rm(env: VimeEnv, args: Any, sample: Any) -> Any:
     return env.rollout.generate_and_rm(args, sample, sampling_params(env, args))
 
 
+def mask(env: VimeEnv, sample: Any) -> Any:
+    """The loss mask as the line keeps it: the pause line's own generate leaves a fresh sample's
+    mask None (it extends one only once partial rollout masked it); the others write ones."""
+    if env.line == "pause":
+        assert sample.loss_mask is None
+        return [1] * sample.response_length
+    return sample.loss_mask
+
+
+def as_array(tensor: Any) -> Any:
+    """Routed experts as numpy int32 (torch on 2b83ea20 and 052693a8, numpy on the pause line)."""
+    assert str(tensor.dtype).endswith("int32"), tensor.dtype
+    return tensor.numpy() if hasattr(tensor, "numpy") else __import__("numpy").asarray(tensor)
+
+
 def assert_call(sample: Any, server: Any, rid: str, start: int, n: int, prompt_tokens: int) -> None:
     """Response positions [start, start + n) are exactly ``rid``'s first n tokens (no duplicates)."""
     gen = server.expected(rid, n, prompt_tokens=prompt_tokens)
@@ -496,7 +545,7 @@ def scenario_complete(env: VimeEnv, skip_special_tokens: bool) -> None:
         assert all(type(t) is int for t in truncated.tokens)
         assert truncated.rollout_log_probs == [float(x) for x in gen.logprobs]
         assert truncated.response == FakeTokenizer().decode(gen.token_ids, skip_special_tokens=skip_special_tokens)
-        assert truncated.response_length == 30 and truncated.loss_mask == [1] * 30
+        assert truncated.response_length == 30 and mask(env, truncated) == [1] * 30
         assert truncated.status == env.Sample.Status.TRUNCATED
         assert truncated.weight_versions == ["w1"]
         assert truncated.prefix_cache_info.total_prompt_tokens == len(prompt_ids())
@@ -549,7 +598,7 @@ def scenario_rollout_abort_and_resume(env: VimeEnv, cancel_endpoint: bool) -> No
         assert 0 < k <= srv.written("s003a00"), (k, srv.stats.written)
         assert_call(cut, srv, "s003a00", 0, k, len(prompt_ids()))
         assert cut.response == FakeTokenizer().decode(cut.tokens[len(prompt_ids()) :])
-        assert len(cut.loss_mask) == len(cut.rollout_log_probs) == k
+        assert len(mask(env, cut)) == len(cut.rollout_log_probs) == k
         assert cut.metadata["start_rollout_id"] == 0 and cut.weight_versions == ["w1"]
         assert all(s.status == env.Sample.Status.ABORTED and s.response_length == 0 for s in third)
         assert {} not in srv.abort_bodies  # never server-wide
@@ -571,7 +620,7 @@ def scenario_rollout_abort_and_resume(env: VimeEnv, cancel_endpoint: bool) -> No
         assert cut.status == env.Sample.Status.COMPLETED and cut.response_length == k + 5
         assert_call(cut, srv, "s003a00", 0, k, len(prompt_ids()))
         assert_call(cut, srv, "s003a01", k, 5, len(prompt_ids()) + k)
-        assert len(cut.loss_mask) == len(cut.rollout_log_probs) == k + 5
+        assert len(mask(env, cut)) == len(cut.rollout_log_probs) == k + 5
         assert cut.weight_versions == ["w1", "w1"]
 
 
@@ -613,17 +662,16 @@ def scenario_routed_experts(env: VimeEnv) -> None:
         args = make_args(env, srv, use_rollout_routing_replay=True, rollout_max_response_len=30)
         sample = env.run(fv.generate(args, new_sample(env), sampling_params(env, args)))
         gen = srv.expected("s000a00", 30, prompt_tokens=len(prompt_ids()), routed_experts=True)
-        experts = sample.rollout_routed_experts
-        assert experts.dtype == __import__("torch").int32
+        experts = as_array(sample.rollout_routed_experts)
         assert tuple(experts.shape) == (len(sample.tokens) - 1, *srv.expert_shape)
-        assert (experts.numpy() == gen.routed_experts).all()
+        assert (experts == gen.routed_experts).all()
         sample.status = env.Sample.Status.ABORTED  # resumed: the server routes the whole sequence
         params = sampling_params(env, args)
         params["max_new_tokens"] = 40
         env.run(fv.generate(args, sample, params))
         gen = srv.expected("s000a01", 10, prompt_tokens=len(prompt_ids()) + 30, routed_experts=True)
         assert tuple(sample.rollout_routed_experts.shape) == (len(prompt_ids()) + 39, *srv.expert_shape)
-        assert (sample.rollout_routed_experts.numpy() == gen.routed_experts).all()
+        assert (as_array(sample.rollout_routed_experts) == gen.routed_experts).all()
 
 
 def scenario_sampling_mask(env: VimeEnv) -> None:
@@ -633,6 +681,9 @@ def scenario_sampling_mask(env: VimeEnv) -> None:
     with server_thread(return_sampling_mask=True, stream_interval=3, token_rate=400) as srv, wired(env):
         args = make_args(env, srv, rollout_top_p=0.9, rollout_top_k=50, rollout_max_response_len=30)
         sample = env.run(fv.generate(args, new_sample(env), sampling_params(env, args)))
+        if env.line == "pause":  # that line's Sample keeps no top-p CSR (its own generate drops the mask)
+            assert not hasattr(sample, "rollout_top_p_token_ids") and sample.response_length == 30
+            return
         rows = srv.expected("s000a00", 30, prompt_tokens=len(prompt_ids()), top_p=True).top_p_rows
         ids, offsets = sample.rollout_top_p_token_ids, sample.rollout_top_p_token_offsets
         assert ids.dtype == offsets.dtype == __import__("torch").int32
@@ -769,8 +820,8 @@ def comparable(sample: Any) -> dict[str, Any]:
         "rollout_log_probs": list(sample.rollout_log_probs or []),
         "status": sample.status,
         "weight_versions": list(sample.weight_versions),
-        "top_p_ids": plain(sample.rollout_top_p_token_ids),
-        "top_p_offsets": plain(sample.rollout_top_p_token_offsets),
+        "top_p_ids": plain(getattr(sample, "rollout_top_p_token_ids", None)),
+        "top_p_offsets": plain(getattr(sample, "rollout_top_p_token_offsets", None)),
         "routed_experts": plain(sample.rollout_routed_experts),
         "prefix_cache": (sample.prefix_cache_info.cached_tokens, sample.prefix_cache_info.total_prompt_tokens),
     }
@@ -797,21 +848,27 @@ def scenario_in_tree_same_results(env: VimeEnv, stop: bool) -> None:
         theirs = env.run(_in_tree(env)(args, new_sample(env, 0), sampling_params(env, args)))
         assert "request_id" not in srv.payloads[1] and srv.stats.completed == 2
         assert theirs.loss_mask is None  # vime's streaming reader never sets it on a fresh sample
-        assert comparable(ours) == comparable(theirs)
+        mine, vimes = comparable(ours), comparable(theirs)
+        if env.line == "pause":
+            # That line's reader asks for no usage chunk and reads no weight version: its sample
+            # has neither, where fastaccum's has both (the same values as on the other lines).
+            assert (vimes["weight_versions"], vimes["prefix_cache"]) == ([], (0, 0))
+            assert (mine["weight_versions"], mine["prefix_cache"]) == (["w1"], (0, len(prompt_ids())))
+            del mine["weight_versions"], mine["prefix_cache"], vimes["weight_versions"], vimes["prefix_cache"]
+        assert mine == vimes, {k: (mine[k], vimes[k]) for k in mine if mine[k] != vimes[k]}
         assert ours.response_length == (17 if stop else 50)
 
 
 def scenario_in_tree_server_abort_before_0_32(env: VimeEnv) -> None:
     """A server-side abort on vLLM before 0.32 ([DONE], no finish_reason), no rollout abort
-    running: vime's reader raises after writing the partial tokens onto the sample; fastaccum
-    raises with the sample untouched."""
-    from fastaccum.errors import StreamTruncatedError
-
+    running: fastaccum returns the sample ABORTED with its prefix (vime keeps it unscored, and
+    its buffer can resume it); vime's reader writes the partial tokens and either raises
+    (2b83ea20) or returns the sample still PENDING (052693a8, edbcb4c9), which vime then scores."""
     with server_thread(token_rate=400, vllm_shape="0.31") as srv, wired(env):
         args = make_args(env, srv, rollout_max_response_len=2000)
         env.http_utils._http_client.headers["X-Request-Id"] = "vime-reader"  # its request, named
 
-        async def run(generate: Any, sample: Any, rid: str) -> BaseException:
+        async def run(generate: Any, sample: Any, rid: str) -> BaseException | None:
             task = asyncio.get_running_loop().create_task(generate(args, sample, sampling_params(env, args)))
             await wait_until(lambda: srv.written(rid) >= 5)
             await asyncio.sleep(0.15)
@@ -820,12 +877,16 @@ def scenario_in_tree_server_abort_before_0_32(env: VimeEnv) -> None:
                 await task
             except Exception as exc:
                 return exc
-            raise AssertionError("the call returned")
+            return None
 
         ours, theirs = new_sample(env, 0), new_sample(env, 1)
-        assert isinstance(env.run(run(fv.generate, ours, "s000a00")), StreamTruncatedError)
-        assert "without a terminal finish_reason" in str(env.run(run(_in_tree(env), theirs, "vime-reader")))
-        assert ours.response_length == 0 and ours.status == env.Sample.Status.PENDING
+        assert env.run(run(fv.generate, ours, "s000a00")) is None
+        assert ours.status == env.Sample.Status.ABORTED and ours.response_length == srv.written("s000a00") > 0
+        failed = env.run(run(_in_tree(env), theirs, "vime-reader"))
+        if env.line == "request-abort":
+            assert "without a terminal finish_reason" in str(failed)
+        else:
+            assert failed is None
         assert theirs.response_length > 0 and theirs.status == env.Sample.Status.PENDING  # half-written
 
 
