@@ -13,6 +13,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")  # vime's Sample holds tensors; the double does too
@@ -53,3 +54,46 @@ def test_import_is_lazy() -> None:
     code = "import sys, fastaccum.vime; assert not any(m.split('.')[0] == 'vime' for m in sys.modules)"
     # -P: from the checkout's root, its fastaccum/ folder would hide the installed package
     subprocess.run([sys.executable, "-P", "-c", code], check=True)
+
+
+def test_an_unknown_vime_line_fails_at_import_naming_what_is_missing() -> None:
+    """A vime whose Sample takes tokens neither way, and with no server-wide abort fastaccum
+    knows, is refused when fastaccum.vime is imported by a loaded vime: one typed error naming
+    both, never an AttributeError mid-rollout."""
+    import subprocess
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import sys, types
+        def module(name, **attrs):
+            m = types.ModuleType(name); m.__dict__.update(attrs); sys.modules[name] = m; return m
+        for name in ("vime", "vime.rollout", "vime.utils"):
+            module(name, __path__=[])
+        module("vime.rollout.vllm_rollout", GenerateState=object, generate_rollout=None, abort=None,
+               _prepare_prompt_ids=None, _build_inference_sampling_params=None)
+        module("vime.utils.async_utils"); module("vime.utils.misc", load_function=None)
+        module("vime.utils.http_utils", get=None, get_rollout_num_engines=None)
+        module("vime.utils.types", Sample=type("Sample", (), {}))
+        import fastaccum.vime
+        """
+    )
+    done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True)
+    assert "fastaccum.vime does not know this vime line" in done.stderr, done.stderr
+    assert "append_response_tokens or Sample.update_from_meta_info" in done.stderr
+    assert "a server-wide abort" in done.stderr
+
+
+def test_weight_versions_come_from_vllm_spans() -> None:
+    """vLLM 0.32 sends the weight version as spans in the finishing choice (one per version the
+    request ran under), not as a top-level field: one entry per span."""
+    from fastaccum.result import StreamResult
+    from fastaccum.vime._commit import weight_versions
+
+    def result(meta: dict[str, Any]) -> StreamResult:
+        return StreamResult(mode="incremental", token_ids=np.zeros(0, dtype=np.int32), meta_info=meta)
+
+    spans = [{"version": 3, "start": 0, "end": 5}, {"version": 4, "start": 5, "end": 9}]
+    assert weight_versions(result({"weight_versions": spans})) == ["3", "4"]
+    assert weight_versions(result({"weight_version": "w1"})) == ["w1"]
+    assert weight_versions(result({})) == []
