@@ -1,6 +1,6 @@
 """The vime adapter against the vime test double (tests/vime_double), on both vime lines.
 
-The double models vime with and without request-level abort (docs/vime.md, "Two vime lines");
+The double models vime with and without request-level abort (docs/vime.md, "vime lines");
 every scenario of tests/vime_double/harness.py runs against each, with a vLLM-dialect server over
 loopback. tests/test_vime_real.py runs the same scenarios inside a real vime tree.
 """

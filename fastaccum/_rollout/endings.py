@@ -59,10 +59,11 @@ def opted_out_of_request_cancel(state: Any) -> Iterator[None]:
             state.cancellable_tasks.add(task)
 
 
-def _ended_by_server_without_finish(exc: StreamTruncatedError) -> bool:
+def _ended_by_server_without_finish(dialect: str, exc: StreamTruncatedError) -> bool:
     # vLLM before 0.32 ends a request it aborted with [DONE] and no finish_reason; a body cut
-    # mid-stream (a lost connection) is an error of another kind and stays one.
-    return "[DONE] before a terminal finish_reason" in str(exc)
+    # mid-stream (a lost connection), or SGLang's [DONE] early (it always finishes first), is an
+    # error of another kind and stays one.
+    return dialect == "vllm" and "[DONE] before a terminal finish_reason" in str(exc)
 
 
 async def end_call(
@@ -90,7 +91,7 @@ async def end_call(
         else:
             result = await _ended_by_request_abort(pools, state, stream)
     except StreamTruncatedError as exc:
-        if not _ended_by_server_without_finish(exc):
+        if not _ended_by_server_without_finish(pools.framework.dialect, exc):
             raise
         result = stream.kept()
     commit(result)

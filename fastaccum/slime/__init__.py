@@ -25,9 +25,9 @@ slime comes in two lines, told apart by ``GenerateState`` (docs/slime.md, "Two s
 On both, calls that need the terminal chunk (top-p replay, ``fastaccum_abort_mode: server``) are
 stopped by the server-wide abort instead, whose terminal chunk carries the full top-p rows.
 
-The package, by job: ``_settings`` (slime's flags and the ``fastaccum_*`` keys), ``_pools`` (per
-event loop: the streams to stop, the connection pools, opening a stream), ``_generate`` (the
-generate function and its four abort paths), ``_commit`` (results onto the ``Sample``),
+The rollout skeleton is fastaccum._rollout's. Here, by job: ``_settings`` (slime's stream mode),
+``_pools`` (slime's record: workers, ``/v1/loads``, the server-wide abort), ``_generate`` (the
+payload), ``_commit`` (results onto the ``Sample``),
 ``_probe`` (the servers' stream mode), ``_abort`` (the rollout function and ``request_abort``),
 ``_modules`` (the lazy slime import: the only place fastaccum imports slime).
 """

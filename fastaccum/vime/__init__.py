@@ -8,22 +8,22 @@ Enable it with vime's own flags (docs/vime.md)::
 
 ``generate`` streams one vLLM ``/inference/v1/generate`` request per call through
 ``fastaccum.Client(dialect="vllm")`` and commits onto vime's ``Sample`` once: at the finishing
-chunk, or with the observed prefix when a rollout abort cut it. Every other cancellation
-propagates and every stream error raises with nothing committed; a request the server ends
-without a finish_reason (vLLM before 0.32) outside a rollout abort raises too.
+chunk (a finish, or an abort chunk), or with the observed prefix. A rollout abort drains each
+request by id on vLLM 0.32 and later (the abort chunk keeps routed experts) and cuts it on older
+servers; a request the server aborts by itself comes back ABORTED with its prefix, unscored.
+Every other cancellation propagates and every stream error raises with nothing committed.
 
-vime comes in two lines, told apart by ``GenerateState`` (docs/vime.md, "Two vime lines"): with
-``cancellable_tasks`` vime's own ``abort()`` cancels the task running each sample, and ``generate``
-commits the prefix before the cancel leaves it; without, ``generate_rollout`` swaps vime's
-module-level ``abort`` for ``request_abort``, which cuts fastaccum's streams one by one. On both,
-``request_abort`` names the cut requests to a worker's cancel endpoint where it has one, and waits
-until every worker's ``/load`` is idle.
+Which vime line is loaded is probed, never assumed (docs/vime.md, "vime lines"): request-level
+cancel (vime's own ``abort()`` cancels each call's task; ``generate`` commits before the cancel
+leaves), or a server-wide abort (``abort_inflight_requests``, or ``pause?mode=abort`` then
+``resume``), for which ``generate_rollout`` swaps vime's ``abort`` for ``request_abort``; an
+unknown line raises ``VimeLineError`` at import when vime is loaded.
 
-The package, by job: ``_settings`` (vime's flags and the ``fastaccum_*`` keys), ``_pools`` (per
-event loop: the streams to stop, the connection pools, opening a stream), ``_generate`` (the
-generate function and its abort paths), ``_commit`` (results onto the ``Sample``), ``_abort`` (the
-rollout function and ``request_abort``), ``_modules`` (the lazy vime import: the only place
-fastaccum imports vime).
+The rollout skeleton is fastaccum._rollout's. Here, by job: ``_settings`` (the cancel-endpoint
+key), ``_pools`` (vime's record: workers, ``/load``, the line's server-wide abort, the cancel
+endpoint), ``_generate`` (vLLM's request body), ``_commit`` (results onto the ``Sample``, either
+way a line takes them), ``_abort`` (the rollout function and ``request_abort``), ``_modules`` (the
+lazy vime import and the probe: the only place fastaccum imports vime).
 """
 
 import sys
