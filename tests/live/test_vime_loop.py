@@ -2,17 +2,17 @@
 fastaccum.vime against the live vLLM 0.32 server, through the real vllm-router (PyPI 0.1.17).
 
 One rollout of two groups of two samples: the group whose greedy answer meets the stop token
-finishes, the rollout aborts the other mid-stream (the adapter cuts: each sample keeps the tokens
-it received), buffers it, and the next rollout resumes it to the end. Every committed sample is
-held to the server's own non-streaming answer for the same prompt and the sampling parameters
-vime sends: tokens and log-probs exactly. vLLM's CPU path is batch-invariant for this model and
-gives a prefill of prompt + kept prefix the log-probs and tokens the decode gave (measured bit-equal
-for prefixes of 1 to 40 tokens with the prefix cache reset in between), so the resume is exact too.
-It runs on the vime double of both lines (tests/vime_double) and, with ``FASTACCUM_VIME_PATH``, in
-a real vime tree (tests/test_vime_real.py says how; line 2b83ea20).
+finishes, the rollout aborts the other mid-stream (the adapter drains: vLLM 0.32's abort chunk
+ends each call, and each sample keeps the tokens it received), buffers it, and the next rollout
+resumes it to the end. Every committed sample is held to the server's own non-streaming answer
+for the same prompt and the sampling parameters vime sends: tokens and log-probs exactly. vLLM's
+CPU path is batch-invariant for this model and gives a prefill of prompt + kept prefix the
+log-probs and tokens the decode gave (measured bit-equal for prefixes of 1 to 40 tokens with the
+prefix cache reset in between), so the resume is exact too. It runs on the vime double of both
+lines (tests/vime_double) and, with ``FASTACCUM_VIME_PATH``, in real vime trees
+(tests/test_vime_real.py says how).
 
-Routed experts are off: this vLLM build cannot return them (docs/live.md), so a cut prefix would
-not have them anyway (the adapter cuts; docs/vime.md, known limits).
+Routed experts are off: this vLLM build cannot return them (docs/live.md).
 """
 
 from __future__ import annotations
@@ -145,19 +145,28 @@ class Prompts:
 
 @contextlib.contextmanager
 def server_wide_aborts(env: Any) -> Iterator[list[list[str]]]:
-    """Every call of vime's server-wide abort (``abort_servers_until_idle``), by either caller:
-    vime's own abort and fastaccum's idle-wait fallback."""
+    """Every server-wide abort, by either caller: fastaccum's (its idle-wait fallback, the way the
+    line does it) and vime's own helpers where the line has them (``abort_servers_until_idle`` on
+    2b83ea20, ``abort_inflight_requests`` on 052693a8; the pause line posts ``/pause`` itself)."""
+    from fastaccum.vime import _pools
+
     calls: list[list[str]] = []
-    original = env.server_control.abort_servers_until_idle
-
-    async def spy(urls: list[str], **options: Any) -> None:
-        calls.append(list(urls))
-        await original(urls, **options)
-
     patch = pytest.MonkeyPatch()
-    patch.setattr(env.server_control, "abort_servers_until_idle", spy)
-    if hasattr(env.rollout, "abort_servers_until_idle"):
-        patch.setattr(env.rollout, "abort_servers_until_idle", spy)
+
+    def spy_on(owner: Any, name: str, urls_at: int) -> None:
+        original = getattr(owner, name)
+
+        async def spy(*args: Any, **options: Any) -> Any:
+            calls.append(list(args[urls_at]))
+            return await original(*args, **options)
+
+        patch.setattr(owner, name, spy)
+
+    spy_on(_pools.FRAMEWORK, "server_abort", 1)
+    for name in ("abort_servers_until_idle", "abort_inflight_requests"):
+        for owner in (env.server_control, env.rollout):
+            if owner is not None and hasattr(owner, name):
+                spy_on(owner, name, 0)
     try:
         yield calls
     finally:
@@ -199,21 +208,28 @@ def rollout_args(env: Any, router: str, stop: int) -> SimpleNamespace:
 
 
 def assert_holds_answer(
-    sample: Any, prompt_ids: list[int], ref: dict[str, Any], tokenizer: ModelTokenizer, calls: list[int]
+    env: Any,
+    sample: Any,
+    prompt_ids: list[int],
+    ref: dict[str, Any],
+    tokenizer: ModelTokenizer,
+    calls: list[int],
+    versions: list[str],
 ) -> None:
     """The sample holds the answer's first ``sum(calls)`` tokens after its prompt, their log-probs,
-    and the text of each call's tokens, decoded once per call (vime's rule)."""
+    the text of each call's tokens, decoded once per call (vime's rule), and the weight version
+    of each call that vLLM ended with its finishing chunk."""
     tokens, logprobs = ref["token_ids"], logprobs_of(ref)
     n = sum(calls)
     assert sample.tokens == prompt_ids + tokens[:n]
-    assert sample.response_length == n and sample.loss_mask == [1] * n
+    assert sample.response_length == n and harness.mask(env, sample) == [1] * n
     assert sample.rollout_log_probs == logprobs[:n]
     bounds = [sum(calls[:i]) for i in range(len(calls) + 1)]
     assert sample.response == "".join(tokenizer.decode(tokens[a:b]) for a, b in zip(bounds, bounds[1:]))
     # vLLM 0.32 reports weight versions as spans inside the finishing chunk's choice
-    # ("weight_versions": [{"version", "start", "end"}]); vime reads a top-level "weight_version",
-    # which vLLM does not send: neither vime's own generate nor fastaccum records one.
-    assert sample.weight_versions == []
+    # ("weight_versions": [{"version", "start", "end"}]), not as vime's top-level "weight_version":
+    # fastaccum.vime reads the spans (vime's own generate records none).
+    assert sample.weight_versions == versions
 
 
 def test_a_rollout_aborted_mid_stream_buffers_cut_prefixes_and_resumes_them_to_the_servers_answer(
@@ -246,15 +262,16 @@ def test_a_rollout_aborted_mid_stream_buffers_cut_prefixes_and_resumes_them_to_t
         assert first.samples == [finished]
         for sample in finished:
             assert sample.status == env.Sample.Status.COMPLETED
-            assert_holds_answer(sample, short_ids, short_ref, tokenizer, [stop_at])
+            assert_holds_answer(env, sample, short_ids, short_ref, tokenizer, [stop_at], ["default"])
             assert sample.reward == float(stop_at) and harness.REWARDS[sample.index] == 1
         assert source.added == [[aborted]]  # buffered: it kept a prefix
         kept = []
         for sample in aborted:
             k = sample.response_length
             assert sample.status == env.Sample.Status.ABORTED and 0 < k < MAX and sample.reward is None
-            assert_holds_answer(sample, long_ids, long_ref, tokenizer, [k])
-            assert sample.rollout_routed_experts is None  # cut, and off on this server
+            # Drained: vLLM's abort chunk finishes the call, with its span.
+            assert_holds_answer(env, sample, long_ids, long_ref, tokenizer, [k], ["default"])
+            assert sample.rollout_routed_experts is None  # off on this server
             assert sample.metadata["start_rollout_id"] == 0
             kept.append(k)
         assert hard == []  # cut request by request, never server-wide
@@ -266,6 +283,7 @@ def test_a_rollout_aborted_mid_stream_buffers_cut_prefixes_and_resumes_them_to_t
         assert second.samples == [aborted] and source.added == [[aborted]]
         for sample, k in zip(aborted, kept):
             assert sample.status == env.Sample.Status.TRUNCATED
-            assert_holds_answer(sample, long_ids, long_ref, tokenizer, [k, MAX - k])  # no token twice, none lost
+            # no token twice, none lost
+            assert_holds_answer(env, sample, long_ids, long_ref, tokenizer, [k, MAX - k], ["default", "default"])
             assert harness.REWARDS[sample.index] == 1 and sample.reward == float(MAX)
         assert hard == []
