@@ -6,6 +6,7 @@ from fastaccum._impl import IMPLEMENTATION, StreamAccumulator, accumulate
 from fastaccum._version import __version__
 from fastaccum.errors import (
     ServerError,
+    ShardError,
     StreamConnectionError,
     StreamError,
     StreamFormatError,
@@ -29,6 +30,7 @@ __all__ = (
     "ServerError",
     "StreamTimeoutError",
     "StreamConnectionError",
+    "ShardError",
     "GenerateStream",
     "consume",
     "Client",

@@ -11,6 +11,7 @@ __all__ = (
     "ServerError",
     "StreamTimeoutError",
     "StreamConnectionError",
+    "ShardError",
 )
 
 
@@ -78,6 +79,15 @@ class StreamTimeoutError(StreamError):
 
 class StreamConnectionError(StreamError):
     """The connection failed or broke before the stream could be read (client only)."""
+
+
+class ShardError(StreamConnectionError):
+    """The Ray actor reading a stream died or could not be reached (``fastaccum.ray``); ``shard``
+    is its index in the ``ShardedClient``."""
+
+    def __init__(self, message: str, *, shard: int, event_index: int | None = None) -> None:
+        super().__init__(message, event_index=event_index)
+        self.shard = shard
 
 
 def _rebuild(cls: type[StreamError], args: tuple[object, ...], state: dict[str, object]) -> StreamError:
