@@ -22,6 +22,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         choices=["sglang", "vllm"],
         help="run the live tier of this engine (tests/live; installs it on first use: docs/live.md)",
     )
+    parser.addoption(
+        "--ray",
+        action="store_true",
+        default=False,
+        help="run the Ray shard tier (tests/ray): a local Ray instance on 2 CPUs (docs/scale.md)",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

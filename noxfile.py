@@ -4,6 +4,7 @@
     nox -s busy       the same set, serially, beside a CPU-bound process (tools/busy.sh)
     nox -s live_vllm  the live tier against a real vLLM 0.32 on the CPU (docs/live.md)
     nox -s live_sglang  the live tier against a real SGLang 0.5.23 on the CPU (docs/live.md)
+    nox -s ray        the Ray shard tier: fastaccum.ray on a local Ray (docs/scale.md)
     nox -s lint       ruff (lint and format check) and mypy
     nox -s pure       the pure-Python build alone (FASTACCUM_NO_EXTENSIONS=1)
     nox -s sanitize   the core's suite and the fuzz corpus under AddressSanitizer + UBSan
@@ -84,8 +85,14 @@ def live_sglang(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def ray(session: nox.Session) -> None:
+    _install(session)
+    session.run("python", "-P", "-m", "pytest", "tests/ray", "--ray", "-p", "no:cacheprovider", *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    session.install("ruff>=0.6", "mypy>=1.10", "numpy>=1.26", "orjson>=3.9", "aiohttp>=3.9")
+    session.install("ruff>=0.6", "mypy>=1.10", "numpy>=1.26", "orjson>=3.9", "aiohttp>=3.9", "ray>=2.40")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy", "-p", "fastaccum")

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test run, on a clean checkout: a fresh venv, the package built with its compiled core
 # required, mypy, the tests of both twins, the live tiers against real vLLM and SGLang servers on
-# the CPU, the benchmarks once (so they cannot rot), a minute of fuzzing, the suite of the core
-# under AddressSanitizer + UBSan, and then what users install: the sdist and its repaired wheels
+# the CPU, the Ray shard tier, the benchmarks once (so they cannot rot), a minute of fuzzing, the suite
+# of the core under AddressSanitizer + UBSan, and then what users install: the sdist and its wheels
 # for CPython 3.11 and 3.12, each tested in a fresh venv with the sdist's fast tests
 # (tools/build_wheels.sh). `.ci/run` runs exactly this.
 set -euo pipefail
@@ -17,6 +17,8 @@ python3 -m venv .venv
 .venv/bin/mypy -p fastaccum  # strict (pyproject.toml); fastaccum/_py links the pure twin
 .venv/bin/ruff check . && .venv/bin/ruff format --check .
 .venv/bin/pytest
+# The Ray shard tier (fastaccum.ray, and the slime adapter's scenarios on shards): a local Ray on 2 CPUs.
+.venv/bin/pytest -p no:cacheprovider tests/ray --ray
 # The live tiers: real vLLM 0.32 and SGLang 0.5.23 on the CPU, one engine at a time, each server on
 # one core; their venvs are installed on first use and cached outside the checkout (docs/live.md).
 .venv/bin/pytest -p no:cacheprovider tests/live --live vllm
