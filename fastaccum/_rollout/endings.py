@@ -13,10 +13,9 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from fastaccum._rollout.pools import Pools
+from fastaccum._rollout.pools import Pools, RolloutStream
 from fastaccum.errors import StreamTruncatedError
 from fastaccum.result import StreamResult
-from fastaccum.transport.consumer import StreamConsumer
 
 __all__ = ("committer", "end_call", "has_in_tree_request_abort", "opted_out_of_request_cancel")
 
@@ -67,7 +66,7 @@ def _ended_by_server_without_finish(dialect: str, exc: StreamTruncatedError) -> 
 
 
 async def end_call(
-    pools: Pools, state: Any, stream: StreamConsumer, commit: Commit, *, drain: bool, server_wide: bool
+    pools: Pools, state: Any, stream: RolloutStream, commit: Commit, *, drain: bool, server_wide: bool
 ) -> None:
     """Run one call's stream and commit its result once.
 
@@ -97,13 +96,13 @@ async def end_call(
     commit(result)
 
 
-async def _run_unless_aborted(state: Any, stream: StreamConsumer) -> StreamResult:
+async def _run_unless_aborted(state: Any, stream: RolloutStream) -> StreamResult:
     if state.aborted:  # the rollout is already being aborted: send nothing
         stream.abort()
     return await stream.run()
 
 
-async def _ended_by_request_abort(pools: Pools, state: Any, stream: StreamConsumer) -> StreamResult:
+async def _ended_by_request_abort(pools: Pools, state: Any, stream: RolloutStream) -> StreamResult:
     """A framework without request-level abort: fastaccum's request_abort aborts this stream
     (``abort()``: run() returns the drained terminal abort event, or the observed prefix,
     aborted=True); any other cancellation of this task propagates unchanged."""
@@ -119,7 +118,7 @@ async def _ended_by_request_abort(pools: Pools, state: Any, stream: StreamConsum
     return result
 
 
-async def _ended_by_server_abort(pools: Pools, state: Any, stream: StreamConsumer) -> StreamResult:
+async def _ended_by_server_abort(pools: Pools, state: Any, stream: RolloutStream) -> StreamResult:
     """A framework without request-level abort, a call that needs its terminal event:
     request_abort aborts server-wide and the stream ends with the server's own end."""
     registry = pools.registry()
@@ -131,7 +130,7 @@ async def _ended_by_server_abort(pools: Pools, state: Any, stream: StreamConsume
 
 
 async def _ended_by_framework(
-    pools: Pools, state: Any, stream: StreamConsumer, commit: Commit, *, drain: bool
+    pools: Pools, state: Any, stream: RolloutStream, commit: Commit, *, drain: bool
 ) -> StreamResult | None:
     """The framework's own abort cancels the task running this call.
 
@@ -174,7 +173,7 @@ async def _ended_by_framework(
     return None
 
 
-async def _drained(stream: StreamConsumer, reading: asyncio.Future[StreamResult]) -> StreamResult:
+async def _drained(stream: RolloutStream, reading: asyncio.Future[StreamResult]) -> StreamResult:
     """The stream's result after ``abort()``: its terminal abort event, or at the drain deadline the
     prefix; a second cancel of this task cuts it at once."""
     stream.abort()
@@ -185,7 +184,7 @@ async def _drained(stream: StreamConsumer, reading: asyncio.Future[StreamResult]
         raise
 
 
-def _note_cut(pools: Pools, stream: StreamConsumer, result: StreamResult) -> None:
+def _note_cut(pools: Pools, stream: RolloutStream, result: StreamResult) -> None:
     """A request cut before its terminal event: the server may not know yet (the framework's
     ``after_cut`` may name it)."""
     rid = getattr(stream, "rid", None)

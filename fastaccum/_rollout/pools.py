@@ -7,17 +7,45 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import weakref
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
 from fastaccum._rollout.framework import Framework
 from fastaccum._rollout.settings import RolloutSettings
+from fastaccum.result import StreamResult
 from fastaccum.transport.aiohttp_stream import STREAM_TIMEOUT, GenerateStream
 from fastaccum.transport.client import Client
-from fastaccum.transport.consumer import StreamConsumer
 
-__all__ = ("Registry", "Pools")
+__all__ = ("Registry", "Pools", "RolloutStream")
+
+
+class RolloutStream(Protocol):
+    """What the skeleton uses of a stream: a ``StreamConsumer`` (Client, aiohttp) or a stream read
+    in a Ray actor (``fastaccum.ray.ShardStream``)."""
+
+    @property
+    def aborted(self) -> bool: ...
+
+    @property
+    def tokens(self) -> int: ...
+
+    async def run(self) -> StreamResult: ...
+
+    def abort(self) -> None: ...
+
+    def kept(self) -> StreamResult: ...
+
+
+class Pool(Protocol):
+    """A router's pool of streams: ``Client``, or ``fastaccum.ray.ShardedClient``."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def stream(self, *args: Any, **options: Any) -> RolloutStream: ...
+
+    async def close(self) -> None: ...
 
 
 @dataclasses.dataclass(eq=False)
@@ -25,12 +53,12 @@ class Registry:
     """What ``request_abort`` must stop and clean up, for one event loop (fully-async runs a
     second loop)."""
 
-    request_streams: set[StreamConsumer] = dataclasses.field(default_factory=set)
+    request_streams: set[RolloutStream] = dataclasses.field(default_factory=set)
     server_generations: int = 0
     cut_rids: list[str] = dataclasses.field(default_factory=list)  # cut, not drained: the server may not know yet
     cancel_endpoint: dict[str, bool] = dataclasses.field(default_factory=dict)  # worker url -> has one
     session: aiohttp.ClientSession | None = None  # control calls, and streams on the aiohttp transport
-    clients: dict[str, Client] = dataclasses.field(default_factory=dict)  # one pool per router URL
+    clients: dict[str, Pool] = dataclasses.field(default_factory=dict)  # one pool per router URL (and shards)
     mode_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
 
 
@@ -62,15 +90,28 @@ class Pools:
             state.session = aiohttp.ClientSession(connector=connector, timeout=STREAM_TIMEOUT, trust_env=False)
         return state.session
 
-    def client(self, args: Any) -> Client:
-        """This loop's ``Client`` for the router (its connections are loop-bound). A second router
-        URL gets a pool of its own, so streams still running on the first are never cut."""
+    def client(self, args: Any, settings: RolloutSettings | None = None) -> Pool:
+        """This loop's ``Client`` for the router (its connections are loop-bound), or with shards
+        in the settings its ``ShardedClient``. A second router URL gets a pool of its own, so
+        streams still running on the first are never cut."""
         clients = self.registry().clients
         url = self.framework.router_url(args)
-        client = clients.get(url)
-        if client is None or client.closed:
-            # Client never reads proxy settings: rollout traffic is internal.
-            client = clients[url] = Client(url, max_connections=self._limit(args), dialect=self.framework.dialect)
+        sharded = settings is not None and settings.sharded
+        key = f"{url} (shards)" if sharded else url
+        found = clients.get(key)
+        if found is not None and not found.closed:
+            return found
+        # Client never reads proxy settings: rollout traffic is internal.
+        options: dict[str, Any] = {"max_connections": self._limit(args), "dialect": self.framework.dialect}
+        client: Pool
+        if sharded:
+            assert settings is not None
+            from fastaccum.ray import ShardedClient  # Ray is an optional extra, loaded when asked for
+
+            client = ShardedClient(url, shards=settings.shards, per_node=settings.shards_per_node, **options)
+        else:
+            client = Client(url, **options)
+        clients[key] = client
         return client
 
     def _limit(self, args: Any) -> int:
@@ -85,12 +126,12 @@ class Pools:
         *,
         expert_shape: tuple[int, int] | None,
         headers: dict[str, str] | None,
-    ) -> StreamConsumer:
-        """The stream for one call, on the configured transport (both keep one contract), in the
+    ) -> RolloutStream:
+        """The stream for one call, on the configured transport (all keep one contract), in the
         settings' stream mode where the framework has one."""
         mode = str(getattr(settings, "stream_mode", "auto"))
         if settings.transport == "client":
-            return self.client(args).stream(
+            return self.client(args, settings).stream(
                 payload,
                 mode=mode,
                 expert_shape=expert_shape,

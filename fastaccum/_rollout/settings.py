@@ -25,6 +25,9 @@ class RolloutSettings:
     idle_poll_interval: float
     read_timeout: float | None
     max_event_bytes: int | None
+    # Streams read in Ray actors (fastaccum.ray): this many shards, or this many on each node.
+    shards: int | None = None
+    shards_per_node: int | None = None
 
     @staticmethod
     def read(args: Any, *, transports: tuple[str, ...], why: str = "") -> dict[str, Any]:
@@ -53,6 +56,7 @@ class RolloutSettings:
             raise ValueError(f"fastaccum_abort_drain_s must be seconds >= 0 or null, not {raw_drain!r}")
         read_timeout = getattr(args, "fastaccum_read_timeout", None)
         max_event_bytes = getattr(args, "fastaccum_max_event_bytes", None)
+        shards, per_node = _shards(args, transport)
         return {
             "abort_mode": abort_mode,
             "transport": transport,
@@ -62,10 +66,35 @@ class RolloutSettings:
             "idle_poll_interval": float(getattr(args, "fastaccum_idle_poll_interval", 0.5)),
             "read_timeout": None if read_timeout is None else float(read_timeout),
             "max_event_bytes": None if max_event_bytes is None else int(max_event_bytes),
+            "shards": shards,
+            "shards_per_node": per_node,
         }
+
+    @property
+    def sharded(self) -> bool:
+        """Streams are read in Ray actors (fastaccum.ray), not in this loop."""
+        return self.shards is not None or self.shards_per_node is not None
 
     @property
     def drains(self) -> bool:
         """A request-level abort reads on to the terminal abort event (Client's drain abort), so
         the call keeps what only that event carries (top-p rows, routed experts)."""
         return self.transport == "client" and self.abort_drain_s is not None
+
+
+def _shards(args: Any, transport: str) -> tuple[int | None, int | None]:
+    """(shards, shards_per_node): ``fastaccum_shards`` (0: none), else the framework's
+    ``--use-distributed-post``, which places ``num_gpus_per_node`` actors on each node for its
+    POSTs; the streams take the same placement. Only ``Client`` streams run in shards, so with
+    the aiohttp transport that flag keeps meaning the framework's POSTs alone."""
+    raw = getattr(args, "fastaccum_shards", None)
+    if raw is not None:
+        if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+            raise ValueError(f"fastaccum_shards must be a count of Ray actors (0: none), not {raw!r}")
+        if raw and transport != "client":
+            message = f"fastaccum_shards reads Client streams: set fastaccum_transport to 'client', not {transport!r}"
+            raise ValueError(message)
+        return raw or None, None
+    if getattr(args, "use_distributed_post", False) and transport == "client":
+        return None, max(1, int(getattr(args, "num_gpus_per_node", None) or 1))
+    return None, None

@@ -115,6 +115,8 @@ class SlimeEnv:
 
 LINES = ("stock", "request-abort")
 TRANSPORTS = ("client", "aiohttp")  # fastaccum_transport: Client is the default
+# Client's streams read in Ray actors (fastaccum_shards; tests/ray runs the scenarios this way)
+SHARDS = "shards"
 
 
 @contextlib.contextmanager
@@ -312,7 +314,8 @@ def make_args(env: SlimeEnv, emulator: Emulator, **overrides: Any) -> SimpleName
         sglang_incremental_streaming_output=emulator.incremental_streaming_output,
         fastaccum_idle_timeout=5.0,
         fastaccum_idle_poll_interval=0.02,
-        fastaccum_transport=env.transport,
+        fastaccum_transport="client" if env.transport == SHARDS else env.transport,
+        fastaccum_shards=2 if env.transport == SHARDS else None,
     )
     for key, value in overrides.items():
         setattr(args, key, value)
@@ -407,9 +410,8 @@ def scenario_stream_modes(env: SlimeEnv, incremental: bool, interval: int) -> No
         assert truncated.prefix_cache_info.total_prompt_tokens == len(prompt_ids())
         assert stopped.status == env.Sample.Status.COMPLETED and stopped.response_length == 7
         # fastaccum_transport picks the transport; only Client measures timing.
-        expected_class = ClientStream if env.transport == "client" else GenerateStream
-        assert all(type(stream) is expected_class for stream in wiring.streams)
-        if env.transport == "client":
+        assert all(type(stream) is stream_class(env) for stream in wiring.streams)
+        if env.transport != "aiohttp":
             (timing,) = truncated.metadata["fastaccum_timing"]
             assert timing["tokens"] == 100 and timing["events"] >= 100 // interval
             assert 0 < timing["first_token_s"] <= timing["duration_s"]
@@ -451,8 +453,16 @@ async def _start_and_wait(emu: Emulator, coro: Any, tokens: int) -> asyncio.Task
 
 def drains(env: SlimeEnv) -> bool:
     """A request-level abort ends the request by rid and reads its terminal abort event (fastaccum's
-    Client, the default transport); the aiohttp transport cuts the connection instead."""
-    return env.transport == "client"
+    Client, the default transport, also in shards); the aiohttp transport cuts the connection instead."""
+    return env.transport != "aiohttp"
+
+
+def stream_class(env: SlimeEnv) -> type:
+    if env.transport == SHARDS:
+        from fastaccum.ray import ShardStream
+
+        return ShardStream
+    return ClientStream if env.transport == "client" else GenerateStream
 
 
 def generate_and_rm(env: SlimeEnv, args: Any, sample: Any) -> Any:
@@ -668,8 +678,10 @@ def scenario_second_router_gets_its_own_pool(env: SlimeEnv) -> None:
     """A second router URL on the same loop gets a Client of its own, so a stream still running on
     the first router is not cut; each call reads with the window its own settings name, also on a
     pool made under other settings; close_session closes every pool."""
+    # Shards: the second router's pool starts Ray actors first (seconds on a busy machine), so the
+    # first stream is paced to outlast that.
     with (
-        emulator_thread(token_rate=200) as first,
+        emulator_thread(token_rate=25 if env.transport == SHARDS else 200) as first,
         emulator_thread() as second,
         wired(env, first) as wiring,
     ):
@@ -693,10 +705,14 @@ def scenario_second_router_gets_its_own_pool(env: SlimeEnv) -> None:
         for sample, emu, rid in ((running, first, "s000a00"), (other, second, "s001a00"), (again, first, "s002a00")):
             assert sample.status == env.Sample.Status.TRUNCATED and sample.response_length == 200
             assert_call(sample, emu, rid, 0, 200, len(prompt_ids()))
-        if env.transport == "client":
-            assert [stream._pacer.window for stream in wiring.streams] == [DEFAULT_COALESCE_MS / 1000, 0.0, 0.0]
+        if env.transport != "aiohttp":
+            if env.transport == "client":
+                windows = [stream._pacer.window for stream in wiring.streams]
+                assert windows == [DEFAULT_COALESCE_MS / 1000, 0.0, 0.0]
             urls = [f"http://{emu.host}:{emu.port}" for emu in (first, second)]
-            assert all(clients[url].base_url == url for url in urls)
+            keys = [f"{url} (shards)" if env.transport == SHARDS else url for url in urls]
+            assert sorted(clients) == sorted(keys)
+            assert all(clients[key].base_url == url for key, url in zip(keys, urls))
             assert all(client.closed for client in clients.values())
         else:
             assert clients == {}
@@ -1061,7 +1077,8 @@ def scenario_abort_after_terminal_keeps_result(env: SlimeEnv) -> None:
 
         async def main() -> None:
             task = asyncio.get_running_loop().create_task(generate_and_rm(env, args, sample))
-            await wait_until(lambda: bool(wiring.streams) and not wiring.streams[0].kept().aborted)
+            # The 12th token comes in the terminal event: once the stream counts it, [DONE] is all that is left.
+            await wait_until(lambda: bool(wiring.streams) and wiring.streams[0].tokens >= 12)
             await fs.request_abort(args, 0)
             await task
 
