@@ -190,7 +190,7 @@ class ShardedClient:
         self._client_options = client_options
         self._dialect = client_options.get("dialect", "sglang")
         self._shards = shards
-        self._per_node = per_node if shards is None else None
+        self._per_node = (per_node or 1) if shards is None else None  # neither: one per node
         self._actor_options = {
             "num_cpus": num_cpus,
             "max_concurrency": MAX_STREAMS_PER_SHARD,
