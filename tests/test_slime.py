@@ -8,31 +8,16 @@ loopback. tests/test_slime_real.py runs the same scenarios against real slime ch
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+import framework_harness
 import pytest
 from router_helpers import ROUTER_AVAILABLE, start_router
 
 pytest.importorskip("torch")  # slime's Sample holds tensors; the double does too
 
 
-def _load_harness() -> ModuleType:
-    name = "fastaccum_slime_harness"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parent / "slime_double" / "harness.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # slime's load_function reaches the reward function by this name
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-harness = _load_harness()
+harness = framework_harness.slime()
 fs = harness.fs
 
 

@@ -10,14 +10,13 @@ pylatexenc; ray, sglang_router and transformers are stubbed.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+import framework_harness
 import pytest
 
 SLIME_PATH = os.environ.get("FASTACCUM_SLIME_PATH")
@@ -28,19 +27,7 @@ for needed in ("tqdm", "PIL", "pybase64", "httpx"):
     pytest.importorskip(needed)
 
 
-def _load_harness() -> ModuleType:
-    name = "fastaccum_slime_harness"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parent / "slime_double" / "harness.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-harness = _load_harness()
+harness = framework_harness.slime()
 
 
 SLIME_ROOTS = [str(Path(p).resolve()) for p in SLIME_PATH.split(os.pathsep) if p]

@@ -7,12 +7,10 @@ loopback. tests/test_vime_real.py runs the same scenarios inside a real vime tre
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+import framework_harness
 import numpy as np
 import pytest
 
@@ -20,19 +18,7 @@ pytest.importorskip("torch")  # vime's Sample holds tensors; the double does too
 pytest.importorskip("httpx")
 
 
-def _load_harness() -> ModuleType:
-    name = "fastaccum_vime_harness"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parent / "vime_double" / "harness.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # vime's load_function reaches the reward function by this name
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-harness = _load_harness()
+harness = framework_harness.vime()
 
 
 @pytest.fixture(scope="module", params=harness.LINES)

@@ -11,13 +11,11 @@ the same scenarios on both is what keeps tests/vime_double faithful.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+import framework_harness
 import pytest
 
 VIME_PATH = os.environ.get("FASTACCUM_VIME_PATH")
@@ -31,19 +29,7 @@ for needed in ("tqdm", "PIL", "pybase64", "httpx"):
     pytest.importorskip(needed)
 
 
-def _load_harness() -> ModuleType:
-    name = "fastaccum_vime_harness"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parent / "vime_double" / "harness.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-harness = _load_harness()
+harness = framework_harness.vime()
 
 VIME_ROOTS = [str(Path(p).resolve()) for p in VIME_PATH.split(os.pathsep) if p]
 ENVS = [("double", harness.DOUBLE_ROOT, line) for line in harness.LINES] + [("real", root, None) for root in VIME_ROOTS]

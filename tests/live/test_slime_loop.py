@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import importlib.util
 import json
 import os
 import sys
@@ -30,10 +29,11 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
+import framework_harness
 import numpy as np
 import numpy.typing as npt
 import pytest
@@ -45,19 +45,7 @@ pytest.importorskip("torch")  # slime's Sample holds tensors; the double's does 
 pytestmark = pytest.mark.live_sglang
 
 
-def _load_harness() -> ModuleType:
-    name = "fastaccum_slime_harness"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[1] / "slime_double" / "harness.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # slime's load_function reaches the reward function by this name
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-harness = _load_harness()
+harness = framework_harness.slime()
 fs = harness.fs
 
 EXPERTS = (2, 2)  # the tiny model's (layers, top-k)

@@ -18,15 +18,14 @@ Routed experts are off: this vLLM build cannot return them (docs/live.md).
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any
 
+import framework_harness
 import pytest
 from live_helpers import MODEL, ModelTokenizer, get_json, post_json, post_raw
 from router_helpers import VLLM_ROUTER_AVAILABLE, vllm_router
@@ -40,19 +39,7 @@ pytestmark = [
 ]
 
 
-def _load_harness() -> ModuleType:
-    name = "fastaccum_vime_harness"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[1] / "vime_double" / "harness.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # vime's load_function reaches the reward function by this name
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-harness = _load_harness()
+harness = framework_harness.vime()
 fv = harness.fv
 
 GENERATE = "/inference/v1/generate"

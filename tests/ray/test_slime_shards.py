@@ -6,32 +6,18 @@ The scenarios are the adapter's guarantees (prefix, replay data, buffering, idle
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+import framework_harness
 import pytest
 
 pytest.importorskip("torch")  # slime's Sample holds tensors
 pytest.importorskip("ray")
 
 
-def _load_harness() -> ModuleType:
-    name = "fastaccum_slime_harness"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parent.parent / "slime_double" / "harness.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # slime's load_function reaches the reward function by this name
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-harness = _load_harness()
+harness = framework_harness.slime()
 REAL = [str(Path(p).resolve()) for p in os.environ.get("FASTACCUM_SLIME_PATH", "").split(os.pathsep) if p]
 ENVS = [("double", harness.DOUBLE_ROOT, line) for line in harness.LINES] + [("real", root, None) for root in REAL]
 
