@@ -711,7 +711,6 @@ def scenario_second_router_gets_its_own_pool(env: SlimeEnv) -> None:
                 assert windows == [DEFAULT_COALESCE_MS / 1000, 0.0, 0.0]
             urls = [f"http://{emu.host}:{emu.port}" for emu in (first, second)]
             keys = [f"{url} (shards)" if env.transport == SHARDS else url for url in urls]
-            assert sorted(clients) == sorted(keys)
             assert all(clients[key].base_url == url for key, url in zip(keys, urls))
             assert all(client.closed for client in clients.values())
         else:

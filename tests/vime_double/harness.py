@@ -115,9 +115,12 @@ def install_stubs() -> list[str]:
     vime modules a laid-out tree lacks (docs/vime.md, "Testing inside vime"); names installed."""
     before = set(sys.modules)
     _module("vllm_router")  # imported for its side effects by the 052693a8 and edbcb4c9 rollouts
-    ray = _module("ray", get=_stubbed, nodes=lambda: [], remote=_stubbed)
-    ray.util = _module("ray.util")
-    ray.util.scheduling_strategies = _module("ray.util.scheduling_strategies", NodeAffinitySchedulingStrategy=_stubbed)
+    if "ray" not in sys.modules:  # a loaded Ray is real (the Ray tier): vime imports it as it is
+        ray = _module("ray", get=_stubbed, nodes=lambda: [], remote=_stubbed)
+        ray.util = _module("ray.util")
+        ray.util.scheduling_strategies = _module(
+            "ray.util.scheduling_strategies", NodeAffinitySchedulingStrategy=_stubbed
+        )
     tf = _module("transformers")
     tf.AutoTokenizer = type("AutoTokenizer", (), {"from_pretrained": staticmethod(lambda *a, **k: TOKENIZER)})
 
@@ -168,6 +171,7 @@ class VimeEnv:
     async_utils: Any
     server_control: Any
     Sample: Any
+    shards: int | None = None  # fastaccum_shards: the Ray tier runs every scenario with 2 (tests/ray)
 
     def run(self, coro: Any) -> Any:
         """Run on vime's background loop, where vime's rollouts (and so fastaccum) run."""
@@ -434,6 +438,7 @@ def make_args(env: VimeEnv, server: Any, **overrides: Any) -> SimpleNamespace:
         router_policy=None,
         fastaccum_idle_timeout=5.0,
         fastaccum_idle_poll_interval=0.02,
+        fastaccum_shards=env.shards,
     )
     for key, value in overrides.items():
         setattr(args, key, value)
