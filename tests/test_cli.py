@@ -56,17 +56,50 @@ def _wait_for_a_child_of(pid: int) -> int:
     raise AssertionError(f"process {pid} started no child")
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the child in /proc")
-def test_ctrl_c_while_the_demo_starts_its_emulator_ends_quietly_with_no_process_left() -> None:
-    # Started as from a shell: its own process group, which a terminal's Ctrl-C signals as a whole.
-    command = ["demo", "--tokens", "10000000", "--token-rate", "1000", "--no-progress"]
-    demo = subprocess.Popen(
-        [sys.executable, "-P", "-m", "fastaccum", *command],
+@contextlib.contextmanager
+def _sigint_left(state: str) -> Iterator[None]:
+    """This process's SIGINT as a launcher may leave it to the tests (and they to their children)."""
+    if state == "ignored":  # a job started with '&' from a script
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+    elif state == "blocked":  # a launcher that blocks it, as the demo does for its own child
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    else:
+        yield
+
+
+def _foreground_job(*args: str) -> subprocess.Popen[str]:
+    """``fastaccum ARGS`` as a terminal's shell starts it: its own process group, which Ctrl-C
+    signals as a whole, with SIGINT at its default and unblocked. Both an ignored and a blocked
+    SIGINT survive fork and exec, so without the reset a Ctrl-C would depend on how the tests were
+    launched (from a CI script's background job, it would never reach the demo)."""
+    reset = (
+        "import signal\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})\n"
+    )
+    code = f"{reset}import sys\nfrom fastaccum.cli import main\nsys.exit(main({list(args)!r}))"
+    return subprocess.Popen(
+        [sys.executable, "-P", "-c", code],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
     )
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the child in /proc")
+@pytest.mark.parametrize("launcher_sigint", ["default", "ignored", "blocked"])
+def test_ctrl_c_while_the_demo_starts_its_emulator_ends_quietly_with_no_process_left(launcher_sigint: str) -> None:
+    with _sigint_left(launcher_sigint):
+        demo = _foreground_job("demo", "--tokens", "10000000", "--token-rate", "1000", "--no-progress")
     try:
         assert demo.stdout is not None
         assert demo.stdout.readline().startswith("fastaccum demo: ")  # printed just before the child starts
