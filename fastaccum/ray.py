@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -56,6 +57,9 @@ DEFAULT_SHARD_CPUS = 0.001
 # progress polls must still get in beside them.
 MAX_STREAMS_PER_SHARD = 100_000
 
+# Early aborts and cuts a shard keeps before it prunes the stale ones.
+_EARLY_KEPT = 256
+
 # (tokens, bytes_received, events) of one stream
 Counters = tuple[int, int, int]
 
@@ -69,7 +73,6 @@ class _Outcome:
     kept: StreamResult
     counters: Counters
     rid: str | None
-    cancelled: bool = False  # cut by the caller's own cancellation
 
 
 class _Shard:
@@ -86,15 +89,16 @@ class _Shard:
         self._client: Client | None = None
         self._streams: dict[int, ClientStream] = {}
         self._tasks: dict[int, asyncio.Task[Any]] = {}
-        self._early: dict[int, str] = {}  # stream id -> "abort" | "cut", before its run arrived
+        # stream id -> ("abort" | "cut", when): arrived before the stream's run
+        self._early: dict[int, tuple[str, float]] = {}
 
     async def run(self, sid: int, payload: dict[str, Any], options: dict[str, Any]) -> _Outcome:
         if self._client is None or self._client.closed:
             self._client = Client(self._base_url, **self._client_options)  # on the actor's loop
         stream = self._client.stream(payload, **options)
-        early = self._early.pop(sid, None)
+        early, _ = self._early.pop(sid, (None, 0.0))
         if early == "cut":
-            return _Outcome(None, None, stream.kept(), (0, 0, 0), stream.rid, cancelled=True)
+            return _Outcome(None, None, stream.kept(), (0, 0, 0), stream.rid)
         if early == "abort":
             stream.abort()
         task = asyncio.current_task()
@@ -106,7 +110,7 @@ class _Shard:
             return _Outcome(result, None, result, _counters(stream), stream.rid)
         except asyncio.CancelledError:  # cut(): the caller cancelled
             task.uncancel()
-            return _Outcome(None, None, stream.kept(), _counters(stream), stream.rid, cancelled=True)
+            return _Outcome(None, None, stream.kept(), _counters(stream), stream.rid)
         except Exception as exc:
             return _Outcome(None, exc, stream.kept(), _counters(stream), stream.rid)
         finally:
@@ -115,16 +119,25 @@ class _Shard:
     async def abort(self, sid: int) -> None:
         stream = self._streams.get(sid)
         if stream is None:
-            self._early.setdefault(sid, "abort")
+            self._note_early(sid, "abort")
         else:
             stream.abort()
 
     async def cut(self, sid: int) -> None:
         task = self._tasks.get(sid)
         if task is None:
-            self._early[sid] = "cut"
+            self._note_early(sid, "cut")
         else:
             task.cancel()
+
+    def _note_early(self, sid: int, kind: str) -> None:
+        # An abort that lost the race with its stream's end lands here too, and no run comes to
+        # take it: entries older than a minute are dropped once there are many.
+        now = time.monotonic()
+        if len(self._early) > _EARLY_KEPT:
+            self._early = {k: v for k, v in self._early.items() if now - v[1] < 60.0}
+        if kind == "cut" or sid not in self._early:  # a cut outranks an abort
+            self._early[sid] = (kind, now)
 
     async def progress(self) -> dict[int, Counters]:
         return {sid: _counters(stream) for sid, stream in self._streams.items()}
