@@ -45,5 +45,14 @@ def shard_options(impl: ModuleType, ray_instance: Any) -> dict[str, Any]:
     """``ShardedClient`` options that make its shards read with the twin under test (each shard is
     its own process, which picks its twin at import)."""
     pure = impl.__name__ == "fastaccum._py"
-    env = {"FASTACCUM_NO_EXTENSIONS": "1"} if pure else {"FASTACCUM_REQUIRE_EXTENSIONS": "1"}
+    # A shard inherits the driver's environment (CI requires the compiled core): the pure twin's
+    # shards say otherwise.
+    env = (
+        {"FASTACCUM_NO_EXTENSIONS": "1", "FASTACCUM_REQUIRE_EXTENSIONS": "0"}
+        if pure
+        else {
+            "FASTACCUM_NO_EXTENSIONS": "0",
+            "FASTACCUM_REQUIRE_EXTENSIONS": "1",
+        }
+    )
     return {"actor_options": {"runtime_env": {"env_vars": env}}}
