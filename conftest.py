@@ -26,7 +26,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--ray",
         action="store_true",
         default=False,
-        help="run the Ray shard tier (tests/ray): a local Ray instance on 2 CPUs (docs/scale.md)",
+        help="run the Ray shard tier (tests/shards): a local Ray instance on 2 CPUs (docs/scale.md)",
     )
 
 

@@ -87,7 +87,7 @@ def live_sglang(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def ray(session: nox.Session) -> None:
     _install(session)
-    session.run("python", "-P", "-m", "pytest", "tests/ray", "--ray", "-p", "no:cacheprovider", *session.posargs)
+    session.run("python", "-P", "-m", "pytest", "tests/shards", "--ray", "-p", "no:cacheprovider", *session.posargs)
 
 
 @nox.session(python=PYTHON)

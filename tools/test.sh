@@ -18,7 +18,7 @@ python3 -m venv .venv
 .venv/bin/ruff check . && .venv/bin/ruff format --check .
 .venv/bin/pytest
 # The Ray shard tier (fastaccum.ray, and the slime adapter's scenarios on shards): a local Ray on 2 CPUs.
-.venv/bin/pytest -p no:cacheprovider tests/ray --ray
+.venv/bin/pytest -p no:cacheprovider tests/shards --ray
 # The live tiers: real vLLM 0.32 and SGLang 0.5.23 on the CPU, one engine at a time, each server on
 # one core; their venvs are installed on first use and cached outside the checkout (docs/live.md).
 .venv/bin/pytest -p no:cacheprovider tests/live --live vllm

@@ -115,7 +115,7 @@ class SlimeEnv:
 
 LINES = ("stock", "request-abort")
 TRANSPORTS = ("client", "aiohttp")  # fastaccum_transport: Client is the default
-# Client's streams read in Ray actors (fastaccum_shards; tests/ray runs the scenarios this way)
+# Client's streams read in Ray actors (fastaccum_shards; tests/shards runs the scenarios this way)
 SHARDS = "shards"
 
 

@@ -171,7 +171,7 @@ class VimeEnv:
     async_utils: Any
     server_control: Any
     Sample: Any
-    shards: int | None = None  # fastaccum_shards: the Ray tier runs every scenario with 2 (tests/ray)
+    shards: int | None = None  # fastaccum_shards: the Ray tier runs every scenario with 2 (tests/shards)
 
     def run(self, coro: Any) -> Any:
         """Run on vime's background loop, where vime's rollouts (and so fastaccum) run."""
