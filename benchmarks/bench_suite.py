@@ -2,9 +2,9 @@
 consumer and the orjson floor timed in the same run.
 
 Every case builds its stream with ``fastaccum.emulator.writer`` (through bench_core's workload builder, so the
-outputs are checked against the generation), feeds it to the twin in 64 KiB pieces, then times the
-naive consumer and the floor on the same pieces right after, and puts the three times and their
-ratios in ``extra_info``. ``benchmarks/regress.py`` compares those ratios with the committed
+outputs are checked against the generation) and feeds it in 64 KiB pieces to the twin, the naive
+consumer and the floor, timed interleaved (bench_core.timed_case); the three times and their ratios
+go in ``extra_info``. ``benchmarks/regress.py`` compares those ratios with the committed
 baseline. CI runs ``pytest benchmarks --benchmark-disable`` (each case once, outputs checked).
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from functools import cache
 from types import ModuleType
 from typing import Any
@@ -39,8 +38,6 @@ PAYLOADS: dict[str, dict[str, Any]] = {
 # tokens are ~27 MB with every payload (the naive consumer needs ~1 s for them).
 TOKENS = {"cumulative": 1024, "incremental": 16384}
 PROMPT_TOKENS = 256  # routed-expert rows = prompt + tokens - 1 (16,639 x 48 x 8 int32 = 25.6 MB)
-TIMED_ROUNDS = 5
-MAX_ROUNDS = 30
 
 
 def case_id(mode: str, interval: int, payload: str) -> str:
@@ -69,64 +66,12 @@ def case(request: pytest.FixtureRequest) -> core.Workload:
     return build_case(*request.param)
 
 
-def rounds_for(seconds: float) -> int:
-    """Best-of rounds: at least TIMED_ROUNDS, more for millisecond cases (about 0.25 s each)."""
-    return max(TIMED_ROUNDS, min(MAX_ROUNDS, int(0.25 / max(seconds, 1e-6))))
-
-
-def interleaved_best(fns: dict[str, Any]) -> tuple[dict[str, float], dict[str, Any]]:
-    """Best time of each consumer, runs interleaved (a, b, c, a, b, c, ...) so that all of them
-    sample the same quiet and noisy stretches of a shared machine; also each one's first output.
-    Timed back to back instead, a neighbour hogging the core for a second lands on one consumer
-    only and moves the ratio by up to 2x on this 2-core VM."""
-    best: dict[str, float] = {}
-    first: dict[str, Any] = {}
-    for name, fn in fns.items():
-        best[name], first[name] = core.time_once(fn)
-    rounds = {name: rounds_for(t) for name, t in best.items()}
-    for r in range(1, max(rounds.values())):
-        for name, fn in fns.items():
-            if r < rounds[name]:
-                best[name] = min(best[name], core.time_once(fn)[0])
-    return best, first
-
-
 def test_suite(benchmark: Any, impl: ModuleType, case: core.Workload) -> None:
     spec = case.spec
     benchmark.group = f"suite {spec.name}"
-    kwargs = spec.accumulate_kwargs()
-    pieces = case.pieces
-    # pytest-benchmark's own stats (histograms, --benchmark-compare) come from a short pedantic run.
-    start = time.perf_counter()
-    result = benchmark.pedantic(
-        impl.accumulate, args=(pieces,), kwargs=kwargs, rounds=1 if benchmark.disabled else TIMED_ROUNDS, iterations=1
-    )
-    impl_s = benchmark.stats.stats.min if benchmark.stats else time.perf_counter() - start
-    core.check_outputs(impl.__name__, result, case.expected)
-    del result
-    floor, naive = core.consumer_fn("floor", spec), core.consumer_fn("naive", spec)
-    fns = {"floor": lambda: floor(pieces), "naive": lambda: naive(pieces)}
-    if benchmark.disabled:  # CI: each consumer once, outputs checked
-        times, outputs = {}, {}
-        for name, fn in fns.items():
-            times[name], outputs[name] = core.time_once(fn)
-    else:  # the ratios: twin, floor and naive interleaved
-        fns = {"impl": lambda: impl.accumulate(pieces, **kwargs), **fns}
-        times, outputs = interleaved_best(fns)
-        impl_s = times["impl"]  # same number of interleaved samples as the baselines
-    for name in ("floor", "naive"):
-        core.check_consumer(name, outputs[name], case.expected)
-    del outputs
     benchmark.extra_info.update(
         mode=spec.mode,
         interval=spec.interval,
         payload=spec.name.split("-", 2)[2],
-        tokens=spec.tokens,
-        events=case.expected.events,
-        stream_bytes=sum(map(len, pieces)),
-        impl_seconds=impl_s,
-        floor_seconds=times["floor"],
-        naive_seconds=times["naive"],
-        impl_over_floor=impl_s / times["floor"],
-        naive_over_impl=times["naive"] / impl_s,
+        **core.timed_case(benchmark, impl, case),
     )
