@@ -1,10 +1,10 @@
 """Goldens written by real engines, read by both twins: each stream reads to the engine's own answer.
 
-tests/golden/live-sglang-0.5.23 and tests/golden/live-vllm-0.32.0 hold stream bodies that live
-SGLang and vLLM servers wrote for the tiny MoE model on the CPU (tools/live/goldens.py, which
-keeps in the manifest each request and the same server's non-streaming answer to it). These are
-the first goldens written by an engine rather than around one; the live tiers check that the
-engines still write them (tests/live/test_goldens.py).
+tests/golden/live-sglang-0.5.23-<cpu> and tests/golden/live-vllm-0.32.0-<cpu> hold stream bodies
+that live SGLang and vLLM servers wrote for the tiny MoE model on CPUs of each instruction set
+named (tools/live/goldens.py, which keeps in the manifest each request and the same server's
+non-streaming answer to it). These are the first goldens written by an engine rather than around
+one; the live tiers check that the engines still write them (tests/live/test_goldens.py).
 """
 
 from __future__ import annotations

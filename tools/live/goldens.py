@@ -5,11 +5,17 @@
 starts each server (tools/live/engines.py, one at a time), sends every scenario below twice, once
 streaming (the body is the golden, byte for byte as the engine wrote it) and once not (the
 engine's own answer to the same request: what the stream must read to), and writes
-``<out>/live-<engine>-<version>/`` with a ``manifest.json``. tests/test_golden_live.py replays them
-on both twins; the live tiers (tests/live/test_goldens.py) request every scenario again and hold
-the new body to the committed one, so a rerun of this script writes the same bytes. SGLang's
-events carry timings (``e2e_latency``, ``response_sent_to_client_ts``): those two values are the
-only ones that differ between runs, and the comparison leaves them out (``comparable``).
+``<out>/live-<engine>-<version>-<cpu>/`` with a ``manifest.json``. tests/test_golden_live.py
+replays every such folder on both twins; the live tiers (tests/live/test_goldens.py) request every
+scenario again and hold the new body to the committed one, so a rerun of this script writes the
+same stream. Two runs agree on the tokens, text, log-probs and closing fields, not on how the
+engine grouped tokens into events, nor on SGLang's timings (``e2e_latency``,
+``response_sent_to_client_ts``): the comparison is on ``comparable``'s form.
+
+``<cpu>`` is the instruction set the engines' CPU kernels run on (``cpu_class``). The streams
+hold only within one: the tiny random model has near-ties, and the rounding of another set's kernels
+(AMX against AVX-512) resolves them differently (docs/live.md has what moved). So a machine
+writes, and is checked against, the folder of its own class.
 
 Each scenario runs on an empty prefix cache (SGLang ``/flush_cache``, vLLM ``/reset_prefix_cache``):
 a cached prompt changes what the engine reports (``cached_tokens``), not what it generates.
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
 import sys
 import urllib.error
 import urllib.request
@@ -173,8 +180,43 @@ def fetch(engine: str, url: str, request: dict[str, Any]) -> tuple[int, bytes, i
     return status, body, answer_status, answer
 
 
-def comparable(body: bytes) -> list[Any]:
-    """A stream body's events with SGLang's wall-clock timings taken out, for comparing two runs."""
+# Where each event carries its own tokens, by engine: what one event's worth appends to the last's.
+DELTAS: dict[str, tuple[tuple[str | int, ...], ...]] = {
+    "sglang": (
+        ("text",),
+        ("output_ids",),
+        ("meta_info", "output_token_logprobs"),
+        ("meta_info", "output_top_logprobs"),
+    ),
+    "vllm": (("choices", 0, "token_ids"), ("choices", 0, "text"), ("choices", 0, "logprobs", "content")),
+}
+
+
+def _at(event: Any, path: tuple[str | int, ...]) -> Any:
+    for step in path:
+        try:
+            event = event[step]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return event
+
+
+def _carries_tokens(engine: str, event: Any) -> bool:
+    if not isinstance(event, dict):
+        return False
+    return "output_ids" in event if engine == "sglang" else bool(event.get("choices"))
+
+
+def comparable(body: bytes, engine: str, *, incremental: bool = True) -> list[Any]:
+    """A stream body as two runs of one request agree on it: its tokens, not how they were grouped.
+
+    How many tokens an engine puts in one event depends on timing (seen on SGLang at
+    ``--stream-interval 1``: two tokens in one event when the client read late), so the events
+    that carry tokens become one: the last of them, with every per-token field (ids, text,
+    log-probs) joined over the stream (SGLang's cumulative events repeat them: the last holds them
+    all). The events without tokens (vLLM's usage chunk, an error, ``[DONE]``) stay as they are,
+    and SGLang's wall-clock timings are taken out.
+    """
     events: list[Any] = []
     for block in body.split(b"\n\n"):
         if not block.startswith(b"data: "):
@@ -189,11 +231,34 @@ def comparable(body: bytes) -> list[Any]:
             for key in VOLATILE:
                 meta.pop(key, None)
         events.append(event)
-    return events
+    streamed = [event for event in events if _carries_tokens(engine, event)]
+    if not streamed:
+        return events
+    merged = json.loads(json.dumps(streamed[-1]))
+    if incremental:
+        for path in DELTAS[engine]:
+            parts = [part for part in (_at(event, path) for event in streamed) if part is not None]
+            if parts:
+                _at(merged, path[:-1])[path[-1]] = "".join(parts) if isinstance(parts[0], str) else sum(parts, [])
+    return [merged, *(event for event in events if not _carries_tokens(engine, event))]
 
 
-def folder(out: Path, engine: str) -> Path:
-    return out / f"live-{engine}-{VERSIONS[engine]}"
+def cpu_class() -> str:
+    """The best of the instruction sets the engines' kernels choose between, on this machine."""
+    machine = platform.machine()
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return machine
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
+    for flag, name in (("amx_bf16", "amx"), ("avx512_bf16", "avx512bf16"), ("avx512f", "avx512"), ("avx2", "avx2")):
+        if flag in flags:
+            return name
+    return machine
+
+
+def folder(out: Path, engine: str, cpu: str | None = None) -> Path:
+    return out / f"live-{engine}-{VERSIONS[engine]}-{cpu or cpu_class()}"
 
 
 def capture(engine: str, out: Path) -> None:
@@ -203,6 +268,7 @@ def capture(engine: str, out: Path) -> None:
     manifest: dict[str, Any] = {
         "engine": engine,
         "version": VERSIONS[engine],
+        "cpu": cpu_class(),
         "endpoint": f"POST {PATHS[engine]}",
         "generator": "tools/live/goldens.py",
         "model": "tools/live/build_tiny_moe.py (2 layers, 8 experts, top-2, vocab 4096)",
