@@ -315,6 +315,14 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(client_child(kind, url, int(streams), int(tokens), dialect)))
         return 0
     clients = tuple(args.clients.split(","))
+    for option, given, known in (
+        ("--configs", args.configs.split(","), CONFIGS),
+        ("--clients", clients, CLIENTS),
+        ("--dialects", args.dialects.split(","), ("sglang", "dynamo", "vllm")),
+    ):
+        unknown = [name for name in given if name not in known]
+        if unknown:
+            parser.error(f"{option}: unknown {', '.join(unknown)} (known: {', '.join(known)})")
     report = {}
     for dialect in args.dialects.split(","):
         for name in args.configs.split(","):
