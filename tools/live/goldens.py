@@ -244,7 +244,7 @@ def comparable(body: bytes, engine: str, *, incremental: bool = True) -> list[An
 
 
 def cpu_class() -> str:
-    """The best of the instruction sets the engines' kernels choose between, on this machine."""
+    """The best of the instruction sets the engines' kernels choose between, on the machine running it."""
     machine = platform.machine()
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text()
