@@ -219,6 +219,50 @@ def _session_members(sid: int) -> list[int]:
     return members
 
 
+def _mapped_shm_files() -> set[tuple[int, int, int]]:
+    """(major, minor, inode) of every /dev/shm file some process has mapped. By inode, not name:
+    glibc's sem_open maps a temporary file and links it to the semaphore's name afterwards, so the
+    maps show the temporary name, deleted."""
+    mapped = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for line in (entry / "maps").read_text(errors="replace").splitlines():
+                fields = line.split(maxsplit=5)  # address, perms, offset, major:minor, inode, path
+                if len(fields) == 6 and fields[5].startswith("/dev/shm/"):
+                    major, minor = (int(part, 16) for part in fields[3].split(":"))
+                    mapped.add((major, minor, int(fields[4])))
+    return mapped
+
+
+def remove_shm_leftovers(before: set[str], shm: Path = Path("/dev/shm")) -> list[str]:
+    """Remove what a stopped server left in /dev/shm since ``before`` was listed; return the names.
+
+    SGLang's load slots (``sglang_loads_<random>.shm``) always outlive it. So does a
+    multiprocessing semaphore (``sem.mp-<random>``): on SIGTERM SGLang SIGKILLs its children
+    (``kill_process_tree``), multiprocessing's resource tracker among them, which would otherwise
+    unlink it. A semaphore goes
+    only when no process maps it: another program may have made one meanwhile, and a process
+    that holds one may still hand its name to a child."""
+    if not shm.is_dir():
+        return []
+    new = set(os.listdir(shm)) - before
+    mapped = _mapped_shm_files() if any(name.startswith("sem.mp-") for name in new) else set()
+    removed = []
+    for name in sorted(new):
+        with contextlib.suppress(OSError):
+            if name.startswith("sem.mp-"):
+                st = os.stat(shm / name)
+                if (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) in mapped:
+                    continue
+            elif not name.startswith("sglang"):
+                continue
+            os.unlink(shm / name)
+            removed.append(name)
+    return removed
+
+
 class Server:
     """One engine server on a free port, pinned to one core, in a session of its own.
 
@@ -328,12 +372,7 @@ class Server:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(5)
         shutil.rmtree(self.run_dir, ignore_errors=True)
-        # SGLang's load slots (sglang_loads_<random>.shm) outlive it in /dev/shm: the ones it made go.
-        if os.path.isdir("/dev/shm"):
-            for name in set(os.listdir("/dev/shm")) - self._shm_before:
-                if name.startswith("sglang"):
-                    with contextlib.suppress(OSError):
-                        os.unlink(os.path.join("/dev/shm", name))
+        remove_shm_leftovers(self._shm_before)
 
 
 # ---- command line -----------------------------------------------------------------------------
@@ -354,10 +393,15 @@ def main() -> int:
     elif args.command == "model":
         print(model_dir(venv_python(args.engine)))
     else:
-        with Server(args.engine, incremental=args.incremental, port=args.port) as server:
-            print(server.url, flush=True)
-            with contextlib.suppress(KeyboardInterrupt):
+        # `kill` and a closed terminal stop the server as Ctrl-C does, leftovers removed.
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.default_int_handler)
+        try:
+            with Server(args.engine, incremental=args.incremental, port=args.port) as server:
+                print(server.url, flush=True)
                 signal.pause()
+        except KeyboardInterrupt:
+            _say(f"{args.engine} stopped")
     return 0
 
 
