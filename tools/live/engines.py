@@ -242,9 +242,8 @@ def remove_shm_leftovers(before: set[str], shm: Path = Path("/dev/shm")) -> list
     SGLang's load slots (``sglang_loads_<random>.shm``) always outlive it. So does a
     multiprocessing semaphore (``sem.mp-<random>``): on SIGTERM SGLang SIGKILLs its children
     (``kill_process_tree``), multiprocessing's resource tracker among them, which would otherwise
-    unlink it. A semaphore goes
-    only when no process maps it: another program may have made one meanwhile, and a process
-    that holds one may still hand its name to a child."""
+    unlink it. A semaphore goes only when no process maps it: another program may have made one
+    meanwhile, and a process that holds one may still hand its name to a child."""
     if not shm.is_dir():
         return []
     new = set(os.listdir(shm)) - before
