@@ -14,7 +14,7 @@ __all__ = ("StreamResult", "StreamTiming")
 @dataclass(frozen=True, slots=True)
 class StreamTiming:
     """How one request went on the wire, measured by ``fastaccum.Client`` (seconds, from the
-    moment the request was written).
+    moment the request was written; after retries, the attempt that succeeded).
 
     Gaps are between reads that completed at least one event, as the client saw them (with read
     coalescing, events that arrive within one window count as one read). ``gap_p50_s`` and
@@ -34,6 +34,7 @@ class StreamTiming:
     bytes: int
     events: int
     reads: int
+    retries: int = 0  # attempts that failed before their first event and were made again
 
 
 @dataclass(frozen=True, slots=True, eq=False)

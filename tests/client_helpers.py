@@ -115,12 +115,15 @@ class Transport:
         if self.kind == "aiohttp":
             client_options.pop("abort_drain_s", None)  # GenerateStream's abort always cuts
             headers = client_options.get("headers")
+            # Client's options that GenerateStream takes per stream
+            defaults = {k: client_options[k] for k in ("retries", "retry_max_delay_s") if k in client_options}
             connector = aiohttp.TCPConnector(limit=client_options.get("max_connections") or 0)
             async with aiohttp.ClientSession(timeout=STREAM_TIMEOUT, connector=connector, headers=headers) as session:
 
                 def make(body: dict[str, Any], **kwargs: Any) -> GenerateStream:
                     kwargs.pop("coalesce_ms", None)
-                    return GenerateStream(session, f"{url}{kwargs.pop('path', '/generate')}", body, **kwargs)
+                    path = kwargs.pop("path", "/generate")
+                    return GenerateStream(session, f"{url}{path}", body, **{**defaults, **kwargs})
 
                 yield make
         else:

@@ -80,6 +80,22 @@ def test_a_drained_abort_keeps_the_routed_experts_of_every_kept_token(twin: Modu
     assert emulator.abort_rids == ["d-1"] and emulator.stats.disconnects == 0
 
 
+def test_after_a_drained_abort_kept_and_run_say_aborted_alike(twin: ModuleType) -> None:
+    """One meaning of ``aborted``: the drained terminal abort event is the abort the caller asked
+    for, in ``run()``'s result and in ``kept()`` afterwards."""
+    emulator = AbortCountingEmulator(token_rate=2000)
+
+    async def main() -> tuple[StreamResult, StreamResult]:
+        async with emulator as url, fastaccum.Client(url, abort_drain_s=LONG) as client:
+            stream = client.stream(payload("d-kept", 100_000))
+            result = await abort_after(stream, 5)
+            return result, stream.kept()
+
+    result, kept = run(main())
+    assert result.finish_reason == ABORT_REASON and kept.finish_reason == ABORT_REASON
+    assert result.aborted and kept.aborted and len(kept) == len(result)
+
+
 def test_a_drained_abort_keeps_the_indexer_top_k_and_routed_experts_from_their_start(twin: ModuleType) -> None:
     emulator = Emulator(enable_return_routed_experts=True, enable_return_indexer_topk=True, token_rate=2000)
     body = payload("ix-1", 100_000, return_routed_experts=True, return_indexer_topk=True, routed_experts_start_len=3)

@@ -274,11 +274,14 @@ def test_read_timeout_during_a_stall(transport: Transport) -> None:
     run(main())
 
 
-def test_connection_refused(transport: Transport) -> None:
+def test_a_refused_connection_says_refused_and_names_the_address_once(transport: Transport) -> None:
     async def main() -> None:
         async with transport.open("http://127.0.0.1:1") as make:
-            with pytest.raises(StreamConnectionError):
+            with pytest.raises(
+                StreamConnectionError, match="^POST http://127.0.0.1:1/generate failed: connection refused"
+            ) as info:
                 await make(payload("c-1", 3)).run()
+            assert str(info.value).count("127.0.0.1") == 1
 
     run(main())
 

@@ -37,7 +37,8 @@ from fastaccum.errors import (
 )
 from fastaccum.result import StreamResult
 from fastaccum.transport.consumer import AccumulatorLike, StreamConsumer, routed_start_of
-from fastaccum.transport.http1 import status_error
+from fastaccum.transport.http1 import connect_error, status_error
+from fastaccum.transport.retry import DEFAULT_RETRY_MAX_DELAY_S
 
 __all__ = ("GenerateStream", "STREAM_TIMEOUT")
 
@@ -54,6 +55,7 @@ class GenerateStream(StreamConsumer):
     default None: SGLang has no heartbeats) raises ``StreamTimeoutError``. ``headers`` are added to
     the request. The connection is closed (not returned to the pool) whenever the stream ends
     early: abort, cancellation or error, so the server observes the disconnect and stops decoding.
+    ``retries``, ``retry_max_delay_s``: as ``fastaccum.Client``'s (docs/client.md, "Retries").
     """
 
     def __init__(
@@ -70,6 +72,8 @@ class GenerateStream(StreamConsumer):
         indexer_shape: tuple[int, int] | None = None,
         dialect: str = "sglang",
         routed_dtype: str | None = None,
+        retries: int = 0,
+        retry_max_delay_s: float = DEFAULT_RETRY_MAX_DELAY_S,
     ) -> None:
         request = request_for(dialect, payload, None)
         super().__init__(
@@ -81,6 +85,8 @@ class GenerateStream(StreamConsumer):
             routed_start=routed_start_of(payload),
             dialect=dialect,
             routed_dtype=routed_dtype,
+            retries=retries,
+            retry_max_delay_s=retry_max_delay_s,
         )
         self._session = session
         self._url = url
@@ -115,10 +121,7 @@ class GenerateStream(StreamConsumer):
             # a session created with raise_for_status=True
             raise ServerError(f"HTTP {exc.status} from {self._url}: {exc.message}", status=exc.status) from exc
         except aiohttp.ClientConnectorError as exc:
-            reason = exc.os_error.strerror or str(exc.os_error)
-            raise StreamConnectionError(
-                f"POST {self._url} failed: cannot connect to {exc.host}:{exc.port} ({reason})"
-            ) from exc
+            raise connect_error(self._url, exc.host, exc.os_error) from exc
         except aiohttp.ClientError as exc:
             if isinstance(exc, asyncio.TimeoutError):  # ServerTimeoutError before the headers
                 raise StreamTimeoutError(f"no response from {self._url} within {self._read_timeout} s") from exc
@@ -190,6 +193,10 @@ class GenerateStream(StreamConsumer):
                 self._events += self._accumulator.feed(piece)
         except (StreamError, aiohttp.ClientError, RuntimeError):
             pass  # a broken body or a bad event ends the drain; the snapshot keeps what verified
+
+    def _restart(self) -> None:
+        super()._restart()
+        self.status = None
 
     def _close(self) -> None:
         response, self._response = self._response, None

@@ -39,15 +39,17 @@ from fastaccum.transport.http1 import (
     BodyFraming,
     Connection,
     ResponseHead,
+    connect_error,
     framing_of,
     header_lines,
     read_head,
     request_bytes,
 )
 from fastaccum.transport.pacing import DEFAULT_COALESCE_MS, ReadPacer, Resumer
+from fastaccum.transport.retry import DEFAULT_RETRY_MAX_DELAY_S, check_retries
 from fastaccum.transport.timing import ReadTimeout, RequestClock, timeout_error
 
-__all__ = ("Client", "ClientStream", "DEFAULT_ABORT_DRAIN_S", "DEFAULT_COALESCE_MS")
+__all__ = ("Client", "ClientStream", "DEFAULT_ABORT_DRAIN_S", "DEFAULT_COALESCE_MS", "DEFAULT_RETRY_MAX_DELAY_S")
 
 # Read size: asyncio's own default; every connection of a client reads into one such buffer.
 _READ_BUFFER_BYTES = 262144
@@ -83,10 +85,19 @@ class ClientStream(StreamConsumer):
         coalesce_ms: float,
         abort_drain_s: float | None,
         dialect: str,
+        retries: int,
+        retry_max_delay_s: float,
         **core: Any,  # the accumulator's options: mode, expert_shape, max_event_bytes, indexer_shape
     ) -> None:
         request = request_for(dialect, payload, client._new_rid, {**client._header_fields, **(headers or {})})
-        super().__init__(None, routed_start=routed_start_of(payload), dialect=dialect, **core)
+        super().__init__(
+            None,
+            routed_start=routed_start_of(payload),
+            dialect=dialect,
+            retries=retries,
+            retry_max_delay_s=retry_max_delay_s,
+            **core,
+        )
         self._client = client
         path = request.path if path is None else path
         self._url = client.base_url + path
@@ -100,12 +111,18 @@ class ClientStream(StreamConsumer):
             if abort_drain_s is not None and request.drains
             else None
         )
-        self._pacer = ReadPacer(coalesce_ms, read_timeout)
-        self._clock = RequestClock()
-        self._timeout = ReadTimeout(self._clock, read_timeout, self._timed_out)
-        self.status: int | None = None
+        self._coalesce_ms = coalesce_ms
+        self._read_timeout = read_timeout
         self._conn: Connection | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._new_attempt()
+
+    def _new_attempt(self) -> None:
+        """The state of one attempt at the request (a retry starts afresh)."""
+        self._pacer = ReadPacer(self._coalesce_ms, self._read_timeout)
+        self._clock = RequestClock()
+        self._timeout = ReadTimeout(self._clock, self._read_timeout, self._timed_out)
+        self.status: int | None = None
         self._head = ResponseHead(self._url)
         self._body = BodyFraming(Body.UNTIL_CLOSE)  # where the body ends, once the head says
         self._feed_body: Callable[[memoryview], int] = self._accumulator.feed
@@ -121,7 +138,10 @@ class ClientStream(StreamConsumer):
     def timing(self) -> StreamTiming | None:
         """What the transport measured so far (None before the request was written)."""
         return self._clock.timing(
-            tokens=self._accumulator.tokens, bytes_received=self._bytes_received, events=self._events
+            tokens=self._accumulator.tokens,
+            bytes_received=self._bytes_received,
+            events=self._events,
+            retries=self._retry.done,
         )
 
     def _stamped(self, result: StreamResult) -> StreamResult:
@@ -131,7 +151,7 @@ class ClientStream(StreamConsumer):
     async def _read(self) -> StreamResult:
         loop = asyncio.get_running_loop()
         for attempt in range(2):
-            conn = await self._client._acquire()
+            conn = await self._client._acquire(self._url)
             reused = conn.requests > 0
             self._conn = conn
             conn.requests += 1
@@ -334,6 +354,10 @@ class ClientStream(StreamConsumer):
         self._clock.end()
         self._release()
 
+    def _restart(self) -> None:
+        super()._restart()
+        self._new_attempt()
+
     def _release(self) -> None:
         conn, self._conn = self._conn, None
         if conn is None:
@@ -359,7 +383,10 @@ class Client:
     ``X-SMG-Routing-Key``). ``coalesce_ms``: the read-coalescing window (0: off); docs/client.md.
     ``abort_drain_s``: how long ``abort()`` reads on for the terminal abort event after asking the
     server to abort the rid (None: close the connection at once); docs/client.md, "Abort". Dynamo
-    and vLLM have no such request: their abort closes the connection.
+    has no such request: its abort closes the connection. ``retries``: how many times a request
+    that failed before its first event (refused, a 429 or 5xx status, closed before the response)
+    is sent again, the waits doubling from 0.1 s to ``retry_max_delay_s``; docs/client.md,
+    "Retries".
     Plain ``http://`` only: for TLS, use ``GenerateStream`` on an aiohttp session.
     """
 
@@ -373,6 +400,8 @@ class Client:
         coalesce_ms: float = DEFAULT_COALESCE_MS,
         abort_drain_s: float | None = DEFAULT_ABORT_DRAIN_S,
         dialect: str = "sglang",
+        retries: int = 0,
+        retry_max_delay_s: float = DEFAULT_RETRY_MAX_DELAY_S,
     ) -> None:
         parts = urllib.parse.urlsplit(base_url)
         if parts.scheme != "http" or not parts.hostname:
@@ -381,6 +410,9 @@ class Client:
             raise ValueError(f"max_connections must be a positive int or None, not {max_connections!r}")
         _check_drain(abort_drain_s)
         check_dialect(dialect)
+        check_retries(retries, retry_max_delay_s)
+        self._retries = retries
+        self._retry_max_delay_s = retry_max_delay_s
         self._dialect = dialect
         self._host = parts.hostname
         self._port = parts.port or 80
@@ -437,13 +469,16 @@ class Client:
         indexer_shape: tuple[int, int] | None = None,
         dialect: str | None = None,
         routed_dtype: str | None = None,
+        retries: int | None = None,
+        retry_max_delay_s: float | None = None,
     ) -> ClientStream:
         """One streaming POST of ``payload`` (sent as JSON with ``"stream": true`` and a request
         id: ``rid``, or vLLM's ``request_id``; the payload's, else a new one) to ``path`` (None:
         the dialect's, ``/generate`` or vLLM's ``/inference/v1/generate``); nothing is sent
         before ``run()``. ``coalesce_ms`` None takes the client's window, ``abort_drain_s`` left
         out and ``dialect`` None the client's. ``routed_dtype="int32"`` widens vLLM's narrower
-        routed experts (uint8, uint16) to int32."""
+        routed experts (uint8, uint16) to int32. ``retries`` and ``retry_max_delay_s`` None take
+        the client's."""
         if abort_drain_s is ...:
             abort_drain_s = self._abort_drain_s
         else:
@@ -452,6 +487,9 @@ class Client:
             dialect = self._dialect
         else:
             check_dialect(dialect)
+        retries = self._retries if retries is None else retries
+        retry_max_delay_s = self._retry_max_delay_s if retry_max_delay_s is None else retry_max_delay_s
+        check_retries(retries, retry_max_delay_s)
         return ClientStream(
             self,
             payload,
@@ -466,6 +504,8 @@ class Client:
             indexer_shape=indexer_shape,
             dialect=dialect,
             routed_dtype=routed_dtype,
+            retries=retries,
+            retry_max_delay_s=retry_max_delay_s,
         )
 
     @property
@@ -499,7 +539,7 @@ class Client:
         return f"{self._rid_prefix}{next(self._rids):012d}"
 
     # ---- pool ----------------------------------------------------------------------------------
-    async def _acquire(self) -> Connection:
+    async def _acquire(self, url: str) -> Connection:
         if self._closed:
             raise RuntimeError("Client is closed")
         if self._slots is not None:
@@ -509,26 +549,23 @@ class Client:
                 conn = self._idle.pop()
                 if not conn.closed:
                     return conn
-            return await self._connect()
+            return await self._connect(url)
         except BaseException:
             if self._slots is not None:
                 self._slots.release()
             raise
 
-    async def _connect(self) -> Connection:
+    async def _connect(self, url: str) -> Connection:
         loop = asyncio.get_running_loop()
-        where = f"{self._host}:{self._port}"
         try:
             async with asyncio.timeout(self._connect_timeout):
                 _, conn = await loop.create_connection(
                     lambda: Connection(self._buffer, self._forget), self._host, self._port
                 )
         except TimeoutError as exc:
-            raise StreamConnectionError(f"connecting to {where} timed out after {self._connect_timeout} s") from exc
+            raise StreamConnectionError(f"POST {url} failed: no connection within {self._connect_timeout} s") from exc
         except OSError as exc:
-            raise StreamConnectionError(
-                f"POST {self._base} failed: cannot connect to {where} ({exc.strerror or exc})"
-            ) from exc
+            raise connect_error(url, self._host, exc) from exc
         if self._closed:
             conn.close()
             raise RuntimeError("Client is closed")

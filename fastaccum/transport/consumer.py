@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from fastaccum._impl import StreamAccumulator
 from fastaccum.errors import StreamError, StreamFormatError, StreamTruncatedError
 from fastaccum.result import StreamResult
+from fastaccum.transport.retry import LOG, Retry
 
 if TYPE_CHECKING:
     from fastaccum._py import StreamAccumulator as AccumulatorLike
@@ -81,17 +82,23 @@ class StreamConsumer:
         routed_start: int = 0,
         dialect: str = "sglang",
         routed_dtype: str | None = None,
+        retries: int = 0,
+        retry_max_delay_s: float = 0.0,
     ) -> None:
         self._pieces = pieces
-        self._accumulator = self._new_accumulator(
-            mode=mode,
-            expert_shape=expert_shape,
-            max_event_bytes=max_event_bytes,
-            indexer_shape=indexer_shape,
-            routed_start=routed_start,
-            dialect=dialect,
-            routed_dtype=routed_dtype,
-        )
+        self._core_options: dict[str, Any] = {
+            "mode": mode,
+            "expert_shape": expert_shape,
+            "max_event_bytes": max_event_bytes,
+            "indexer_shape": indexer_shape,
+            "routed_start": routed_start,
+            "dialect": dialect,
+            "routed_dtype": routed_dtype,
+        }
+        self._accumulator = self._new_accumulator(**self._core_options)
+        self._retry = Retry(retries, retry_max_delay_s)
+        self._waiting_to_retry = False  # an attempt failed before its first event; the next is due
+        self._url = ""  # what the transport requests, for messages
         self._task: asyncio.Task[Any] | None = None
         self._started = False
         self._abort_requested = False
@@ -125,6 +132,12 @@ class StreamConsumer:
     @property
     def aborted(self) -> bool:
         return self._abort_requested
+
+    @property
+    def retries(self) -> int:
+        """Attempts that failed before their first event and were made again (transports that
+        retry: ``retries=`` of ``Client`` and ``GenerateStream``)."""
+        return self._retry.done
 
     def snapshot(self) -> StreamResult:
         """The observed prefix (also after an error), ``aborted`` set if ``abort()`` was called."""
@@ -161,7 +174,7 @@ class StreamConsumer:
             raise RuntimeError("run() must be awaited inside an asyncio task")
         self._task = task
         try:
-            return await self._read()
+            return await self._attempts()
         except asyncio.CancelledError:
             # Bytes the transport already holds arrived before the cancel: they belong to the
             # prefix, whoever cancelled (a rollout abort reads the prefix after the cancel).
@@ -178,15 +191,54 @@ class StreamConsumer:
             self._task = None
             self._close()
 
+    async def _attempts(self) -> StreamResult:
+        """``_read()``, made again while it fails before its first event and retries are left
+        (fastaccum.transport.retry says which failures)."""
+        while True:
+            try:
+                return await self._read()
+            except StreamError as exc:
+                delay = None if self._abort_requested else self._retry.delay(exc, self._events)
+                if delay is None:
+                    self._retry.gave_up(exc)
+                    raise
+                LOG.info(
+                    "fastaccum: %s failed before its first event (%s); retry %d of %d in %.2f s",
+                    self._url or "the request",
+                    exc,
+                    self._retry.done,
+                    self._retry.retries,
+                    delay,
+                )
+            self._close()  # the failed attempt's connection
+            self._restart()
+            self._waiting_to_retry = True  # stays so when abort() or a cancel ends the wait
+            await asyncio.sleep(delay)
+            self._waiting_to_retry = False
+
+    def _restart(self) -> None:
+        """Forget a failed attempt (it held no event): the next one starts afresh."""
+        self._accumulator = self._new_accumulator(**self._core_options)
+        self._events = 0
+        self._bytes_received = 0
+        self._first_bytes = b""
+        self._first_bytes_chunked = False
+        self._content_type = None
+
     def kept(self) -> StreamResult:
-        """What a cut keeps: the complete result if the terminal event already arrived
-        (``aborted=False``), else the observed prefix (``aborted=True``). Never raises."""
+        """What a cut keeps: the complete result if the terminal event already arrived, else the
+        observed prefix (``aborted=True``). Never raises. ``aborted`` means what ``run()``'s does:
+        True for the prefix and for the terminal abort event ``abort()`` asked for, False for a
+        terminal event that won the race with it."""
         if self._accumulator.finished:
             try:
-                return self._stamped(self._accumulator.finish())
+                return self._stamped(self._as_asked(self._accumulator.finish()))
             except StreamError:
                 pass  # bytes after the terminal event: keep what was verified, as for any cut
-        return self._stamped(dataclasses.replace(self._accumulator.snapshot(), aborted=True))
+        result = dataclasses.replace(self._accumulator.snapshot(), aborted=True)
+        if self._waiting_to_retry:  # every attempt so far failed: no server holds the request
+            result = dataclasses.replace(result, request_sent=False)
+        return self._stamped(result)
 
     def _stamped(self, result: StreamResult) -> StreamResult:
         """A result as this transport hands it out (``Client`` adds its timing)."""
@@ -199,12 +251,19 @@ class StreamConsumer:
         if not self._abort_requested:
             return self._finish()
         try:
-            result = self._finish()
+            result = self._as_asked(self._finish())
         except StreamError:
             return self._aborted_result()
-        if (result.finish_reason or {}).get("type") != "abort":
+        if not result.aborted:
             self._abort_requested = False
-        return dataclasses.replace(result, aborted=self._abort_requested)
+        return result
+
+    def _as_asked(self, result: StreamResult) -> StreamResult:
+        """A finished result, ``aborted`` when it ends with the abort that ``abort()`` asked for
+        (a drain brought it); any other terminal event won the race with ``abort()``."""
+        if self._abort_requested and (result.finish_reason or {}).get("type") == "abort":
+            return dataclasses.replace(result, aborted=True)
+        return result
 
     def _aborted_result(self) -> StreamResult:
         result = self.kept()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import errno
+import os
 import socket
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -17,7 +19,7 @@ from typing import Any
 import httptools
 import orjson
 
-from fastaccum.errors import ServerError, StreamFormatError
+from fastaccum.errors import ServerError, StreamConnectionError, StreamFormatError
 from fastaccum.transport.consumer import ERROR_BODY_CHARS
 
 __all__ = (
@@ -25,6 +27,7 @@ __all__ = (
     "BodyFraming",
     "Connection",
     "ResponseHead",
+    "connect_error",
     "framing_of",
     "header_lines",
     "read_head",
@@ -238,6 +241,20 @@ def read_head(head: ResponseHead, data: memoryview) -> tuple[ResponseHead, memor
         head = ResponseHead(head.url)
         used = head.feed(data) if data else -1
     return head, data, used
+
+
+def connect_error(url: str, host: str, exc: OSError) -> StreamConnectionError:
+    """The error of a connection that could not be made, said once and plainly (the URL names
+    the host and port; asyncio's own text repeats them)."""
+    if isinstance(exc, socket.gaierror):
+        why = f"cannot resolve {host!r} ({exc.strerror or exc})"
+    elif exc.errno == errno.ECONNREFUSED or isinstance(exc, ConnectionRefusedError):
+        why = "connection refused (is the server up and listening on that port?)"
+    elif exc.errno is not None:
+        why = f"cannot connect ({os.strerror(exc.errno)})"
+    else:  # several addresses, each failed: asyncio lists them
+        why = f"cannot connect ({exc})"
+    return StreamConnectionError(f"POST {url} failed: {why}")
 
 
 def status_error(url: str, status: int, reason: str, body: str, location: str | None) -> ServerError:

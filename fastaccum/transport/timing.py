@@ -96,7 +96,7 @@ class RequestClock:
         if not self.ended and self.sent:
             self.ended = now()
 
-    def timing(self, *, tokens: int, bytes_received: int, events: int) -> StreamTiming | None:
+    def timing(self, *, tokens: int, bytes_received: int, events: int, retries: int = 0) -> StreamTiming | None:
         """What was measured so far (None before the request was written)."""
         if not self.sent:
             return None
@@ -117,6 +117,7 @@ class RequestClock:
             bytes=bytes_received,
             events=events,
             reads=self.reads,
+            retries=retries,
         )
 
 
