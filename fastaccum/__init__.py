@@ -6,6 +6,7 @@ from fastaccum._impl import IMPLEMENTATION, StreamAccumulator, accumulate
 from fastaccum._version import __version__
 from fastaccum.errors import (
     ServerError,
+    SettingsError,
     ShardError,
     StreamConnectionError,
     StreamError,
@@ -31,6 +32,7 @@ __all__ = (
     "StreamTimeoutError",
     "StreamConnectionError",
     "ShardError",
+    "SettingsError",
     "GenerateStream",
     "consume",
     "Client",

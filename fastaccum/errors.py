@@ -12,6 +12,7 @@ __all__ = (
     "StreamTimeoutError",
     "StreamConnectionError",
     "ShardError",
+    "SettingsError",
 )
 
 
@@ -88,6 +89,12 @@ class ShardError(StreamConnectionError):
     def __init__(self, message: str, *, shard: int, event_index: int | None = None) -> None:
         super().__init__(message, event_index=event_index)
         self.shard = shard
+
+
+class SettingsError(ValueError):
+    """A setting an adapter reads (a ``fastaccum_*`` key of the framework's config, or one of the
+    framework's own flags) is unknown or has a value it cannot take; raised before anything is
+    sent. Not a ``StreamError``: no stream is involved."""
 
 
 def _rebuild(cls: type[StreamError], args: tuple[object, ...], state: dict[str, object]) -> StreamError:

@@ -73,6 +73,8 @@ class _Outcome:
     kept: StreamResult
     counters: Counters
     rid: str | None
+    abort_error: BaseException | None = None  # why a drain fell back to a cut
+    retries: int = 0
 
 
 class _Shard:
@@ -107,12 +109,12 @@ class _Shard:
         self._tasks[sid] = task
         try:
             result = await stream.run()
-            return _Outcome(result, None, result, _counters(stream), stream.rid)
+            return _outcome(stream, result, None, result)
         except asyncio.CancelledError:  # cut(): the caller cancelled
             task.uncancel()
-            return _Outcome(None, None, stream.kept(), _counters(stream), stream.rid)
+            return _outcome(stream, None, None, stream.kept())
         except Exception as exc:
-            return _Outcome(None, exc, stream.kept(), _counters(stream), stream.rid)
+            return _outcome(stream, None, exc, stream.kept())
         finally:
             del self._streams[sid], self._tasks[sid]
 
@@ -149,6 +151,12 @@ class _Shard:
 
 def _counters(stream: ClientStream) -> Counters:
     return (stream.tokens, stream.bytes_received, stream.events)
+
+
+def _outcome(
+    stream: ClientStream, result: StreamResult | None, error: BaseException | None, kept: StreamResult
+) -> _Outcome:
+    return _Outcome(result, error, kept, _counters(stream), stream.rid, stream.abort_error, stream.retries)
 
 
 _ShardActor = ray.remote(_Shard)
@@ -351,6 +359,8 @@ class ShardStream:
         self._counters: Counters = (0, 0, 0)
         self.rid: str | None = None
         self.shard: int | None = None  # the shard reading it, once run() placed it
+        self.abort_error: BaseException | None = None  # as Client's, once run() ended
+        self.retries = 0  # as Client's, once run() ended
 
     # ---- progress ------------------------------------------------------------------------------
     @property
@@ -425,6 +435,8 @@ class ShardStream:
         self._kept = outcome.kept
         self._counters = outcome.counters
         self.rid = outcome.rid
+        self.abort_error = outcome.abort_error
+        self.retries = outcome.retries
         if outcome.result is not None:
             self._abort_requested = outcome.result.aborted  # False: the terminal event won the race
 

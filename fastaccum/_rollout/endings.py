@@ -77,6 +77,7 @@ async def end_call(
     framework's buffer can resume it.
     """
     in_tree = has_in_tree_request_abort(state)
+    commit = _counted(pools, stream, commit)
     try:
         if in_tree and not server_wide:
             result = await _ended_by_framework(pools, state, stream, commit, drain=drain)
@@ -94,6 +95,17 @@ async def end_call(
             raise
         result = stream.kept()
     commit(result)
+
+
+def _counted(pools: Pools, stream: RolloutStream, commit: Commit) -> Commit:
+    """``commit``, then the call counted for the rollout's log line and metrics."""
+
+    def counted(result: StreamResult) -> None:
+        commit(result)
+        abort_error = getattr(stream, "abort_error", None)
+        pools.stats.record(result, abort_error=abort_error, retries=getattr(stream, "retries", 0))
+
+    return counted
 
 
 async def _run_unless_aborted(state: Any, stream: RolloutStream) -> StreamResult:

@@ -10,7 +10,9 @@ from typing import Any
 
 import aiohttp
 
+from fastaccum._impl import IMPLEMENTATION
 from fastaccum._rollout.settings import RolloutSettings
+from fastaccum._version import __version__
 
 __all__ = ("Framework", "import_framework", "CONTROL_TIMEOUT")
 
@@ -41,6 +43,38 @@ class Framework:
         # (``load_function``), ``http_utils`` (``get``, ``get_rollout_num_engines``) and ``Sample``.
         self.modules = modules
         self.settings = settings
+        self._announced = False
+
+    def announce(self, settings: RolloutSettings) -> None:
+        """Say once, at first use, what runs and how it is set: a fallback to the pure twin (many
+        times slower on long streams) must not go unseen."""
+        if self._announced:
+            return
+        self._announced = True
+        mode = getattr(settings, "stream_mode", None)
+        drain = "cut (no drain)" if settings.abort_drain_s is None else f"{settings.abort_drain_s:g} s"
+        shards = settings.shards if settings.shards is not None else settings.shards_per_node
+        where = "none" if shards is None else f"{shards}{' per node' if settings.shards is None else ''}"
+        self.logger.info(
+            "fastaccum %s (%s core) for %s: %stransport %s, abort %s, drain %s, retries %d (up to %g s apart), "
+            "shards %s",
+            __version__,
+            IMPLEMENTATION,
+            self.name,
+            f"stream mode {mode}, " if mode else "",
+            settings.transport,
+            settings.abort_mode,
+            drain,
+            settings.retries,
+            settings.retry_max_delay_s,
+            where,
+        )
+        if IMPLEMENTATION != "cython":
+            self.logger.warning(
+                "fastaccum runs its pure-Python core: results are the same, but long streams cost many times "
+                'the CPU (docs/install.md, "Which core is running"); install the wheel built for this Python '
+                "and machine, or set FASTACCUM_REQUIRE_EXTENSIONS=1 to make this an import error"
+            )
 
     @property
     def logger(self) -> logging.Logger:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -14,6 +15,7 @@ from fastaccum._rollout.endings import has_in_tree_request_abort
 from fastaccum._rollout.framework import Framework
 from fastaccum._rollout.pools import Pools
 from fastaccum._rollout.settings import RolloutSettings
+from fastaccum._rollout.stats import CallStats
 
 __all__ = ("ModuleAbort", "Lifecycle", "leaves", "kept_a_prefix", "collect_groups", "wait_until_idle")
 
@@ -134,9 +136,37 @@ class Lifecycle:
     def generate_rollout(self, args: Any, rollout_id: int, data_source: Any, evaluation: bool) -> Any:
         rollout = self.framework.modules().rollout
         if evaluation:
-            return rollout.generate_rollout(args, rollout_id, data_source, evaluation=True)
-        with self.module_abort.swapped(rollout):
-            return rollout.generate_rollout(args, rollout_id, data_source, evaluation=False)
+            try:
+                return rollout.generate_rollout(args, rollout_id, data_source, evaluation=True)
+            finally:
+                self._report(f"evaluation {rollout_id}", self.pools.stats.close())
+        self.framework.settings(args)  # a setting fastaccum cannot take fails here, before any request
+        self.pools.stats.close()  # this rollout's calls from here on (not an evaluation's, say)
+        try:
+            with self.module_abort.swapped(rollout):
+                return rollout.generate_rollout(args, rollout_id, data_source, evaluation=False)
+        finally:
+            self._report(f"rollout {rollout_id}", self.pools.stats.close(rollout_id))
+
+    def _report(self, what: str, stats: CallStats) -> None:
+        """The rollout's one log line: a warning when a drain fell back to a cut or a request was
+        retried."""
+        if stats.calls:
+            level = logging.INFO if stats.quiet else logging.WARNING
+            self.framework.logger.log(level, "fastaccum: %s: %s", what, stats.summary())
+
+    def log_rollout_data(
+        self, rollout_id: int, args: Any, samples: Any, rollout_extra_metrics: Any, rollout_time: float
+    ) -> bool:
+        """The framework's ``--custom-rollout-log-function-path``: the rollout's fastaccum counts
+        and timing percentiles added to its rollout metrics (``fastaccum/...``); False, so the
+        framework logs them with its own."""
+        metrics = self.pools.stats.take(rollout_id).metrics()
+        if isinstance(rollout_extra_metrics, dict):
+            rollout_extra_metrics.update(metrics)
+        else:  # a rollout function that returns no metrics dict: nothing to add them to
+            self.framework.logger.info("fastaccum: rollout %d metrics: %s", rollout_id, metrics)
+        return False
 
     def _framework_abort(self) -> Any:
         return self.module_abort.original(self.framework.modules().rollout)

@@ -13,6 +13,7 @@ import aiohttp
 
 from fastaccum._rollout.framework import Framework
 from fastaccum._rollout.settings import RolloutSettings
+from fastaccum._rollout.stats import RolloutStats
 from fastaccum.result import StreamResult
 from fastaccum.transport.aiohttp_stream import STREAM_TIMEOUT, GenerateStream
 from fastaccum.transport.client import Client
@@ -67,6 +68,7 @@ class Pools:
 
     def __init__(self, framework: Framework) -> None:
         self.framework = framework
+        self.stats = RolloutStats()  # every loop's calls, for the rollout's log line and metrics
         self._registries: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Registry] = weakref.WeakKeyDictionary()
 
     def registry(self) -> Registry:
@@ -129,6 +131,7 @@ class Pools:
     ) -> RolloutStream:
         """The stream for one call, on the configured transport (all keep one contract), in the
         settings' stream mode where the framework has one."""
+        self.framework.announce(settings)
         mode = str(getattr(settings, "stream_mode", "auto"))
         if settings.transport == "client":
             return self.client(args, settings).stream(
@@ -141,6 +144,8 @@ class Pools:
                 coalesce_ms=settings.coalesce_ms,  # per call: the setting may change between calls
                 abort_drain_s=settings.abort_drain_s,
                 dialect=self.framework.dialect,
+                retries=settings.retries,
+                retry_max_delay_s=settings.retry_max_delay_s,
             )
         return GenerateStream(
             self.session(args),
@@ -151,6 +156,8 @@ class Pools:
             max_event_bytes=settings.max_event_bytes,
             headers=headers,
             read_timeout=settings.read_timeout,
+            retries=settings.retries,
+            retry_max_delay_s=settings.retry_max_delay_s,
         )
 
     async def close_session(self) -> None:

@@ -12,7 +12,7 @@ from fastaccum.slime._pools import FRAMEWORK, POOLS
 from fastaccum.slime._probe import check_server_mode
 from fastaccum.slime._settings import Settings
 
-__all__ = ("generate_rollout", "request_abort")
+__all__ = ("generate_rollout", "request_abort", "log_rollout_data")
 
 
 def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
@@ -45,3 +45,5 @@ def _generate_is_fastaccum(args: Any) -> bool:
 
 
 _lifecycle = Lifecycle(FRAMEWORK, POOLS, request_abort)
+# slime's --custom-rollout-log-function-path (docs/slime.md, "Rollout metrics")
+log_rollout_data = _lifecycle.log_rollout_data

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 from fastaccum._rollout import RolloutSettings
+from fastaccum.errors import SettingsError
 
 __all__ = ("Settings",)
 
@@ -18,12 +19,14 @@ class Settings(RolloutSettings):
     reads vLLM's dialect, so there is no transport choice.
     """
 
+    KEYS: ClassVar[tuple[str, ...]] = (*RolloutSettings.KEYS, "fastaccum_cancel_endpoint")
+
     cancel_endpoint: str = "auto"  # "auto" (probe once per worker) | "off"
 
     @classmethod
     def from_args(cls, args: Any) -> Settings:
         cancel = getattr(args, "fastaccum_cancel_endpoint", None) or "auto"
         if cancel not in ("auto", "off"):
-            raise ValueError(f"fastaccum_cancel_endpoint must be 'auto' or 'off', not {cancel!r}")
-        common = RolloutSettings.read(args, transports=("client",), why=" for vime (vLLM's stream)")
+            raise SettingsError(f"fastaccum_cancel_endpoint must be 'auto' or 'off', not {cancel!r}")
+        common = cls.read(args, transports=("client",), why=" for vime (vLLM's stream)")
         return cls(**common, cancel_endpoint=cancel)

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import importlib
+import logging
 import sys
 import threading
 import time
@@ -29,9 +30,10 @@ import pytest
 import torch
 from aiohttp import web
 
+import fastaccum
 import fastaccum.slime as fs
 from fastaccum.emulator import FAULT_KEY, Emulator
-from fastaccum.errors import ServerError, StreamFormatError, StreamTruncatedError
+from fastaccum.errors import ServerError, SettingsError, StreamFormatError, StreamTruncatedError
 from fastaccum.result import StreamResult
 from fastaccum.slime import _commit, _generate, _modules, _pools, _probe
 from fastaccum.transport.aiohttp_stream import GenerateStream
@@ -160,6 +162,8 @@ class RouterEmulator(Emulator):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self.abort_bodies: list[dict[str, Any]] = []
+        self.refuse: list[int] = []  # statuses for the next /generate requests, as a restarting server answers
+        self.generates = 0  # /generate requests received, refused ones included
 
     @property
     def server_wide_aborts(self) -> int:
@@ -172,6 +176,17 @@ class RouterEmulator(Emulator):
     def make_app(self) -> web.Application:
         app = super().make_app()
         app.router.add_get("/workers", self._workers)
+
+        @web.middleware
+        async def refuse(request: web.Request, handler: Any) -> web.StreamResponse:
+            if request.path == "/generate":
+                self.generates += 1
+                if self.refuse:
+                    await request.read()
+                    return web.json_response({"error": "starting"}, status=self.refuse.pop(0))
+            return await handler(request)
+
+        app.middlewares.append(refuse)
         return app
 
     async def _abort_request(self, request: web.Request) -> web.Response:
@@ -260,6 +275,7 @@ def wired(env: SlimeEnv, emulator: Emulator) -> Iterator[Wiring]:
         SimpleNamespace(rollout_num_engines=1, sglang_server_concurrency=8, use_distributed_post=False)
     )
     wiring = Wiring(emulator)
+    _pools.POOLS.stats.close()  # counts start with the scenario
     patch = pytest.MonkeyPatch()
     patch.setattr(_generate, "new_rid", wiring.rid)
     patch.setattr(_pools.POOLS, "open_stream", wiring.open_stream)
@@ -792,6 +808,9 @@ def scenario_mixed_group_abort_buffer_resume(env: SlimeEnv) -> None:
         source = BufferedPrompts(env, args)
         first = fs.generate_rollout(args, 0, source)
         assert [s.index for s in first.samples[0]] == [0, 1, 2]
+        metrics: dict[str, Any] = {"rollout/own": 1.0}  # slime's RolloutManager hands over its metrics dict
+        assert fs.log_rollout_data(0, args, first.samples, metrics, 1.0) is False  # slime then logs them
+        assert_rollout_metrics(env, metrics, finished=4, aborted=5)
         assert len(source.added) == 1 and len(source.buffer) == 1  # group 2 dropped
         group = source.buffer[0]
         done, partial, empty = group
@@ -827,6 +846,68 @@ def scenario_mixed_group_abort_buffer_resume(env: SlimeEnv) -> None:
             kept = any(s.status == env.Sample.Status.ABORTED and s.response_length > 0 for s in g)
             assert ([s.index for s in g] in buffered) == kept
         assert emu.server_wide_aborts == 0  # request-level only: no server-wide abort was needed
+
+
+def assert_rollout_metrics(env: SlimeEnv, metrics: dict[str, Any], *, finished: int, aborted: int) -> None:
+    """fastaccum's counts of one rollout, as its log function adds them to slime's metrics: every
+    call once, the finished ones, the aborted ones drained (Client, shards) or cut (aiohttp)."""
+    assert metrics["rollout/own"] == 1.0  # slime's own metrics stay
+    assert metrics["fastaccum/calls"] == finished + aborted
+    assert metrics["fastaccum/finished"] == finished
+    assert metrics["fastaccum/aborted_drained"] + metrics["fastaccum/aborted_cut"] == aborted
+    if drains(env):
+        assert metrics["fastaccum/aborted_drained"] >= 1  # the long sample's drain read its abort event
+        assert metrics["fastaccum/replay_complete"] >= finished + metrics["fastaccum/aborted_drained"]
+    else:
+        assert metrics["fastaccum/aborted_drained"] == 0 and metrics["fastaccum/replay_complete"] == finished
+    assert metrics["fastaccum/retries"] == 0 and metrics["fastaccum/server_aborted"] == 0
+    if env.transport != "aiohttp":  # only Client measures timing
+        assert 0 < metrics["fastaccum/ttft_p50_s"] <= metrics["fastaccum/ttft_p99_s"]
+
+
+def scenario_first_day(env: SlimeEnv) -> None:
+    """What a new user meets first: a misspelt fastaccum key is refused before anything is sent,
+    naming the key it meant and the known ones; a server restarting (503s) is retried, counted
+    and reported; the first call says which core and settings run."""
+    with emulator_thread() as emu, wired(env, emu):
+        bad = make_args(env, emu, fastaccum_read_timout=600)
+        with pytest.raises(
+            SettingsError, match="'fastaccum_read_timout' .did you mean 'fastaccum_read_timeout'."
+        ) as info:
+            env.run(fs.generate(bad, new_sample(env), sampling_params(env, bad)))
+        assert "fastaccum_retries" in str(info.value)  # the known keys are listed
+        with pytest.raises(SettingsError, match="fastaccum_read_timout"):
+            fs.generate_rollout(bad, 0, BufferedPrompts(env, bad))
+        assert emu.generates == 0
+        for key, value in (("fastaccum_retries", -1), ("fastaccum_retries", 1.5), ("fastaccum_retry_max_delay_s", "x")):
+            wrong = make_args(env, emu, **{key: value})
+            with pytest.raises(SettingsError, match=key):
+                env.run(fs.generate(wrong, new_sample(env), sampling_params(env, wrong)))
+
+        args = make_args(env, emu, fastaccum_retry_max_delay_s=0.0)
+        emu.refuse = [503, 502]
+        fs._pools.FRAMEWORK._announced = False
+        records: list[logging.LogRecord] = []
+        handler = logging.Handler(logging.INFO)
+        handler.emit = records.append  # type: ignore[method-assign]
+        logger = logging.getLogger("fastaccum.slime")
+        logger.addHandler(handler)
+        level = logger.level
+        logger.setLevel(logging.INFO)
+        try:
+            sample = env.run(fs.generate(args, new_sample(env, 1), sampling_params(env, args)))
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+        assert emu.generates == 3 and sample.response_length == args.rollout_max_response_len
+        if env.transport != "aiohttp":
+            assert sample.metadata["fastaccum_timing"][0]["retries"] == 2
+        (first, *_) = [r.getMessage() for r in records]
+        assert f"fastaccum {fastaccum.__version__} ({fastaccum.IMPLEMENTATION} core) for slime" in first
+        assert f"transport {args.fastaccum_transport}" in first and "retries 60" in first
+        metrics: dict[str, Any] = {}
+        fs.log_rollout_data(7, args, [sample], metrics, 1.0)  # calls since the last rollout: this one
+        assert metrics["fastaccum/retries"] == 2 and metrics["fastaccum/calls"] == 1
 
 
 def scenario_idle_wait_and_fallback(env: SlimeEnv) -> None:
@@ -1207,6 +1288,7 @@ SCENARIOS: list[tuple[str, Any, list[dict[str, Any]]]] = [
         + [{"case": "echo", "incremental": True}],
     ),
     ("sample_fidelity", scenario_sample_fidelity, [{}]),
+    ("first_day", scenario_first_day, [{}]),
     ("signatures", scenario_signatures, [{}]),
 ]
 

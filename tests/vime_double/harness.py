@@ -31,6 +31,7 @@ from aiohttp import web
 
 import fastaccum.vime as fv
 from fastaccum.emulator import VLLM_ID_PREFIX, Emulator, writer
+from fastaccum.errors import SettingsError
 from fastaccum.vime import _generate, _modules
 
 DOUBLE_ROOT = str(Path(__file__).resolve().parent)
@@ -593,6 +594,11 @@ def scenario_rollout_abort_and_resume(env: VimeEnv, cancel_endpoint: bool) -> No
         assert srv.running == 0  # idle when the rollout returns
         (done,) = out.samples
         assert [s.index for s in done] == [0, 1] and all(s.status == env.Sample.Status.COMPLETED for s in done)
+        metrics: dict[str, Any] = {}  # vime's RolloutManager hands over its metrics dict
+        assert fv.log_rollout_data(0, args, out.samples, metrics, 1.0) is False  # vime then logs them
+        assert metrics["fastaccum/calls"] == 6 and metrics["fastaccum/finished"] == 3, metrics
+        drained, cut = metrics["fastaccum/aborted_drained"], metrics["fastaccum/aborted_cut"]
+        assert drained + cut == 3 and (drained >= 1 if cancel_endpoint else drained == 0), metrics
         first, second, third = source.created
         assert source.added == [[second]]  # only the group that kept a prefix
         sibling, cut = second
@@ -770,6 +776,9 @@ def scenario_budget_and_headers(env: VimeEnv) -> None:
             bad = make_args(env, srv, **{key: value})
             with pytest.raises(ValueError, match=key):
                 env.run(fv.generate(bad, new_sample(env, 2), sampling_params(env, bad)))
+        misspelt = make_args(env, srv, fastaccum_cancel_endpiont="off")
+        with pytest.raises(SettingsError, match="did you mean 'fastaccum_cancel_endpoint'"):
+            env.run(fv.generate(misspelt, new_sample(env, 2), sampling_params(env, misspelt)))
         assert srv.requests == 1
 
 
