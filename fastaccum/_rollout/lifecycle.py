@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterator
@@ -128,23 +129,49 @@ class Lifecycle:
     marker tells the framework, and this, that fastaccum ends its calls.
     """
 
-    def __init__(self, framework: Framework, pools: Pools, request_abort: Callable[..., Any]) -> None:
+    def __init__(
+        self,
+        framework: Framework,
+        pools: Pools,
+        request_abort: Callable[..., Any],
+        before_rollout: Callable[[Any], None] | None = None,
+    ) -> None:
         self.framework = framework
         self.pools = pools
         self.module_abort = ModuleAbort(request_abort)
+        self._before_rollout = before_rollout  # the adapter's own checks, before a rollout sends anything
 
     def generate_rollout(self, args: Any, rollout_id: int, data_source: Any, evaluation: bool) -> Any:
+        """The framework's own rollout function, run with ``request_abort`` swapped in."""
+        rollout = self.framework.modules().rollout
+        return self._run(rollout.generate_rollout, args, rollout_id, data_source, evaluation)
+
+    def with_request_abort(self, rollout_function: Callable[..., Any]) -> Callable[..., Any]:
+        """``rollout_function`` (a ``--rollout-function-path`` of your own) run as the adapter's
+        ``generate_rollout`` runs the framework's: with the framework's module-level ``abort``
+        swapped for ``request_abort`` while it runs, the settings checked first, the rollout's
+        line logged and its counts kept for ``log_rollout_data``."""
+
+        @functools.wraps(rollout_function)
+        def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
+            return self._run(rollout_function, args, rollout_id, data_source, evaluation)
+
+        return generate_rollout
+
+    def _run(self, function: Callable[..., Any], args: Any, rollout_id: int, data_source: Any, evaluation: bool) -> Any:
         rollout = self.framework.modules().rollout
         if evaluation:
             try:
-                return rollout.generate_rollout(args, rollout_id, data_source, evaluation=True)
+                return function(args, rollout_id, data_source, evaluation=True)
             finally:
                 self._report(f"evaluation {rollout_id}", self.pools.stats.close())
         self.framework.settings(args)  # a setting fastaccum cannot take fails here, before any request
+        if self._before_rollout is not None:
+            self._before_rollout(args)
         self.pools.stats.close()  # this rollout's calls from here on (not an evaluation's, say)
         try:
             with self.module_abort.swapped(rollout):
-                return rollout.generate_rollout(args, rollout_id, data_source, evaluation=False)
+                return function(args, rollout_id, data_source, evaluation=False)
         finally:
             self._report(f"rollout {rollout_id}", self.pools.stats.close(rollout_id))
 

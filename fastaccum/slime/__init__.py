@@ -32,10 +32,19 @@ payload), ``_commit`` (results onto the ``Sample``),
 ``_modules`` (the lazy slime import: the only place fastaccum imports slime).
 """
 
-from fastaccum.slime._abort import generate_rollout, log_rollout_data, request_abort
-from fastaccum.slime._generate import generate
+from fastaccum.slime._abort import generate_rollout, log_rollout_data, request_abort, with_request_abort
+from fastaccum.slime._generate import generate, generate_turn, request_abortable
 from fastaccum.slime._pools import POOLS
 
-__all__ = ("generate", "generate_rollout", "request_abort", "close_session", "log_rollout_data")
+__all__ = (
+    "generate",
+    "generate_rollout",
+    "request_abort",
+    "close_session",
+    "generate_turn",
+    "request_abortable",
+    "with_request_abort",
+    "log_rollout_data",
+)
 
 close_session = POOLS.close_session  # this loop's connections (tests, and custom loops that end)

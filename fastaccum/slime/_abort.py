@@ -6,13 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from fastaccum._rollout import Lifecycle
-from fastaccum.slime._generate import generate
 from fastaccum.slime._modules import modules
 from fastaccum.slime._pools import FRAMEWORK, POOLS
 from fastaccum.slime._probe import check_server_mode
 from fastaccum.slime._settings import Settings
 
-__all__ = ("generate_rollout", "request_abort", "log_rollout_data")
+__all__ = ("generate_rollout", "request_abort", "with_request_abort", "log_rollout_data")
 
 
 def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
@@ -21,9 +20,6 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
     slime's module-level ``abort`` is swapped for ``request_abort`` while the rollout runs, on both
     slime lines, and restored afterwards. Evaluation never aborts and is delegated unchanged.
     """
-    if not evaluation and _generate_is_fastaccum(args):
-        # Mode mismatches fail here, before the first rollout sends anything.
-        modules().async_utils.run(_check_mode_for_rollout(args))
     return _lifecycle.generate_rollout(args, rollout_id, data_source, evaluation)
 
 
@@ -35,15 +31,21 @@ async def request_abort(args: Any, rollout_id: int) -> list[list[Any]]:
     return await _lifecycle.abort(args, rollout_id)
 
 
-async def _check_mode_for_rollout(args: Any) -> None:
-    await check_server_mode(args, Settings.from_args(args), POOLS.session(args))
-
-
-def _generate_is_fastaccum(args: Any) -> bool:
+def _check_mode_first(args: Any) -> None:
+    """Before a rollout whose generate function streams through fastaccum: a stream mode the
+    servers do not share fails here, before anything is sent."""
     path = getattr(args, "custom_generate_function_path", None)
-    return bool(path) and modules().misc.load_function(path) is generate
+    if path and getattr(modules().misc.load_function(path), "abort_mode", None) == "request":
+        modules().async_utils.run(_check_mode(args))
 
 
-_lifecycle = Lifecycle(FRAMEWORK, POOLS, request_abort)
+async def _check_mode(args: Any) -> None:
+    await check_server_mode(args, Settings.from_args(args), POOLS.session(args))  # the session is loop-bound
+
+
+_lifecycle = Lifecycle(FRAMEWORK, POOLS, request_abort, before_rollout=_check_mode_first)
+# A rollout function of your own, run as generate_rollout runs slime's (docs/slime.md, "Your own
+# rollout function"): ``generate_rollout = with_request_abort(my_rollout)``.
+with_request_abort = _lifecycle.with_request_abort
 # slime's --custom-rollout-log-function-path (docs/slime.md, "Rollout metrics")
 log_rollout_data = _lifecycle.log_rollout_data

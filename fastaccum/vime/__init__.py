@@ -28,12 +28,20 @@ lazy vime import and the probe: the only place fastaccum imports vime).
 
 import sys
 
-from fastaccum.vime._abort import generate_rollout, log_rollout_data, request_abort
+from fastaccum.vime._abort import generate_rollout, log_rollout_data, request_abort, with_request_abort
 from fastaccum.vime._generate import generate
 from fastaccum.vime._modules import VimeLineError, modules
 from fastaccum.vime._pools import POOLS
 
-__all__ = ("generate", "generate_rollout", "request_abort", "close_session", "log_rollout_data", "VimeLineError")
+__all__ = (
+    "generate",
+    "generate_rollout",
+    "request_abort",
+    "close_session",
+    "with_request_abort",
+    "log_rollout_data",
+    "VimeLineError",
+)
 
 close_session = POOLS.close_session  # this loop's connections (tests, and custom loops that end)
 

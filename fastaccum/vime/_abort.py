@@ -7,7 +7,7 @@ from typing import Any
 from fastaccum._rollout import Lifecycle
 from fastaccum.vime._pools import FRAMEWORK, POOLS
 
-__all__ = ("generate_rollout", "request_abort", "log_rollout_data")
+__all__ = ("generate_rollout", "request_abort", "with_request_abort", "log_rollout_data")
 
 
 def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
@@ -24,5 +24,7 @@ async def request_abort(args: Any, rollout_id: int) -> list[list[Any]]:
 
 
 _lifecycle = Lifecycle(FRAMEWORK, POOLS, request_abort)
+# A rollout function of your own, run as generate_rollout runs vime's (docs/vime.md)
+with_request_abort = _lifecycle.with_request_abort
 # vime's --custom-rollout-log-function-path (docs/vime.md, "Rollout metrics")
 log_rollout_data = _lifecycle.log_rollout_data

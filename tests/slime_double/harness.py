@@ -1104,6 +1104,82 @@ def scenario_foreign_generate_keeps_stock_abort(env: SlimeEnv) -> None:
     assert calls == [4] and output.samples[0][0].status == env.Sample.Status.COMPLETED
 
 
+EXAMPLES = str(Path(__file__).resolve().parents[2] / "examples")
+
+
+def scenario_custom_generate_and_rollout(env: SlimeEnv) -> None:
+    """A multi-turn generate function and a rollout function of the user's own
+    (examples/slime_multi_turn.py): every turn streams through generate_turn, the tool's answer
+    goes in with loss mask 0, and the rollout function composes with request_abort. A rollout
+    abort ends the running turn by rid (never server-wide), the sample keeps the turns before and
+    the turn's prefix and is ABORTED, and its resume continues without duplicates."""
+    sys.path.insert(0, EXAMPLES)
+    sys.modules.pop("slime_multi_turn", None)  # it imports slime, whose modules each env loads anew
+    try:
+        example = importlib.import_module("slime_multi_turn")
+        with emulator_thread(token_rate=400) as emu, wired(env, emu) as wiring:
+            args = make_args(
+                env,
+                emu,
+                custom_generate_function_path="slime_multi_turn.generate",
+                partial_rollout=True,
+                n_samples_per_prompt=2,
+                over_sampling_batch_size=2,
+                rollout_max_response_len=3000,
+            )
+            assert env.misc.load_function(args.custom_generate_function_path).abort_mode == "request"
+            patch = pytest.MonkeyPatch()
+            patch.setattr(example, "TURN_TOKENS", 3000)  # a turn ends by its stop token or the abort
+            # Group 0 (samples 0, 1) finishes its two turns each; in group 1, sample 2 does too
+            # while sample 3's second turn runs until the rollout is aborted.
+            stops = {"s000a00": 40, "s000a01": 2, "s001a00": 40, "s001a01": 3, "s002a00": 2, "s002a01": 2}
+            wiring.plans.update({rid: {"stop_at": k} for rid, k in {**stops, "s003a00": 4}.items()})
+            source = BufferedPrompts(env, args)
+            try:
+                first = example.generate_rollout(args, 0, source)
+            finally:
+                patch.undo()
+            assert env.rollout.abort is not fs.request_abort  # the swap was undone
+            assert first.metrics["multi_turn/turns_mean"] == 2  # the user's rollout function ran
+            tool = FakeTokenizer().encode(example.tool(""))  # 3 words, whatever the turn said
+            for sample in first.samples[0]:
+                n1, n2 = stops[f"s{sample.index:03d}a00"], stops[f"s{sample.index:03d}a01"]
+                assert sample.status == env.Sample.Status.COMPLETED and sample.metadata["turns"] == 2
+                assert sample.loss_mask == [1] * n1 + [0] * len(tool) + [1] * n2
+                assert_call(sample, emu, f"s{sample.index:03d}a00", 0, n1, len(prompt_ids()))
+                assert_call_at(sample, emu, f"s{sample.index:03d}a01", n1 + len(tool), n2)
+            (group,) = source.buffer
+            done, cut = group
+            k = cut.response_length - 4 - len(tool)
+            assert done.status == env.Sample.Status.COMPLETED
+            assert cut.status == env.Sample.Status.ABORTED and k > 0 and cut.reward is None
+            assert cut.loss_mask == [1] * 4 + [0] * len(tool) + [1] * k
+            assert_call_at(cut, emu, "s003a01", 4 + len(tool), k)
+            assert emu.server_wide_aborts == 0
+            assert emu.aborted_rids == (["s003a01"] if drains(env) else [])
+
+            # The resume: two more turns from everything the sample holds.
+            wiring.plans.update({"s003a02": {"stop_at": 2}, "s003a03": {"stop_at": 3}})
+            args.over_sampling_batch_size = 1
+            second = example.generate_rollout(args, 1, source)
+            assert second.samples == [group] and cut.status == env.Sample.Status.COMPLETED
+            held = 4 + len(tool) + k
+            assert_call_at(cut, emu, "s003a01", 4 + len(tool), k)
+            assert_call_at(cut, emu, "s003a02", held, 2)
+            assert_call_at(cut, emu, "s003a03", held + 2 + len(tool), 3)
+            assert cut.loss_mask == [1] * 4 + [0] * len(tool) + [1] * (k + 2) + [0] * len(tool) + [1] * 3
+            assert wiring.payloads[-1]["input_ids"] == cut.tokens[: len(cut.tokens) - 3]
+    finally:
+        sys.path.remove(EXAMPLES)
+        sys.modules.pop("slime_multi_turn", None)
+
+
+def assert_call_at(sample: Any, emulator: Emulator, rid: str, start: int, n: int) -> None:
+    """Response positions [start, start + n) are ``rid``'s first n tokens, asked for with
+    everything the sample held before them."""
+    assert_call(sample, emulator, rid, start, n, len(prompt_ids()) + start)
+
+
 def scenario_slime_abort_keeps_prefix(env: SlimeEnv, incremental: bool) -> None:
     """slime's own abort (no fastaccum rollout function) keeps the prefix on both lines: stock
     slime aborts server-wide and the terminal abort chunk is committed; slime with request-level
@@ -1289,6 +1365,7 @@ SCENARIOS: list[tuple[str, Any, list[dict[str, Any]]]] = [
     ),
     ("sample_fidelity", scenario_sample_fidelity, [{}]),
     ("first_day", scenario_first_day, [{}]),
+    ("custom_generate_and_rollout", scenario_custom_generate_and_rollout, [{}]),
     ("signatures", scenario_signatures, [{}]),
 ]
 

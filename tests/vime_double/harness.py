@@ -792,6 +792,20 @@ def scenario_register_then_check(env: VimeEnv) -> None:
         assert srv.requests == 0
 
 
+def scenario_own_rollout_function(env: VimeEnv) -> None:
+    """A rollout function of the user's own runs with vime's abort swapped for request_abort, as
+    generate_rollout runs vime's, and the swap is undone afterwards."""
+    seen: list[Any] = []
+
+    def mine(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> str:
+        seen.append(env.rollout.abort)
+        return "output"
+
+    with server_thread() as srv, wired(env):
+        assert fv.with_request_abort(mine)(make_args(env, srv), 0, None) == "output"
+    assert seen == [fv.request_abort] and env.rollout.abort is not fv.request_abort
+
+
 SCENARIOS: list[tuple[Any, dict[str, Any]]] = [
     (scenario_complete, {"skip_special_tokens": False}),
     (scenario_complete, {"skip_special_tokens": True}),
@@ -804,6 +818,7 @@ SCENARIOS: list[tuple[Any, dict[str, Any]]] = [
     (scenario_unrelated_cancellation_propagates, {}),
     (scenario_budget_and_headers, {}),
     (scenario_register_then_check, {}),
+    (scenario_own_rollout_function, {}),
 ]
 
 
