@@ -1,5 +1,5 @@
 """``fastaccum.ray``: streams read in Ray actors ("shards"), so the caller's process does no
-per-token work (``pip install 'fastaccum[ray]'``; docs/scale.md).
+per-token work (the ``ray`` extra, docs/install.md; docs/scale.md).
 
 Each shard is an async Ray actor with its own event loop and its own ``fastaccum.Client``. A
 ``ShardedClient`` places every stream on the shard with the fewest streams; the shard reads it and
@@ -28,7 +28,9 @@ try:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 except ImportError as exc:  # an optional extra: say how to get it, not where the import failed
     raise ImportError(
-        "fastaccum.ray needs ray, which is not installed: pip install 'fastaccum[ray]'", name=exc.name
+        "fastaccum.ray needs ray, which is not installed: pip install 'ray>=2.40', or install fastaccum with "
+        "its ray extra (docs/install.md)",
+        name=exc.name,
     ) from None
 
 from fastaccum._core.dialects import check_dialect
@@ -447,4 +449,12 @@ class ShardStream:
 
 
 # Client.stream()'s options that the accumulator takes (what an empty result is shaped by).
-_CORE_OPTIONS = ("mode", "expert_shape", "indexer_shape", "dialect", "routed_dtype", "max_event_bytes")
+_CORE_OPTIONS = (
+    "mode",
+    "expert_shape",
+    "indexer_shape",
+    "dialect",
+    "routed_dtype",
+    "max_event_bytes",
+    "require_routed_experts",
+)

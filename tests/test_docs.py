@@ -83,3 +83,38 @@ def test_every_package_is_shipped() -> None:
     listed = set(re.findall(r'"(fastaccum(?:\.\w+)?)"', (ROOT / "setup.py").read_text()))
     packages = {"fastaccum"} | {f"fastaccum.{path.parent.name}" for path in (ROOT / "fastaccum").glob("*/__init__.py")}
     assert packages <= listed, f"setup.py does not ship {sorted(packages - listed)}"
+
+
+# ---- one install story -------------------------------------------------------------------------
+# "pip install fastaccum" or "pip install 'fastaccum[ray]'": a PyPI project name, which does not
+# exist until a release (a checkout's '.[ray]' or a wheel file's path is something else).
+PYPI_INSTALL = re.compile(r"pip install\s+['\"]?fastaccum(\[[\w,-]*\])?['\"]?(?![\w.-])")
+RELEASE_SECTION = re.compile(r"^## Once a release exists\n.*?(?=^## |\Z)", re.S | re.M)
+
+
+def _install_story_texts() -> list[tuple[Path, str]]:
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    code = [*sorted((ROOT / "fastaccum").rglob("*.py")), *sorted((ROOT / "examples").glob("*.py"))]
+    return [(path, path.read_text(encoding="utf-8")) for path in pages + code]
+
+
+def test_no_page_or_message_tells_users_to_install_an_unreleased_pypi_project() -> None:
+    """Only docs/install.md's "Once a release exists" gives the PyPI commands as commands; any
+    other mention says they find nothing."""
+    wrong = []
+    for path, text in _install_story_texts():
+        if path.name == "install.md":
+            assert RELEASE_SECTION.search(text), "docs/install.md has no '## Once a release exists' section"
+            text = RELEASE_SECTION.sub("", text)
+        for found in PYPI_INSTALL.finditer(text):
+            if "finds nothing" not in text[found.end() : found.end() + 40]:
+                line = text.count("\n", 0, found.start()) + 1
+                wrong.append(f"{path.relative_to(ROOT)}:{line}: {found.group(0)}")
+    assert not wrong, "these pages install fastaccum from PyPI, where no release is: " + "; ".join(wrong)
+
+
+def test_the_install_page_says_what_is_built_for_aarch64() -> None:
+    text = (ROOT / "docs" / "install.md").read_text(encoding="utf-8")
+    assert "## What is built for which machine" in text and "aarch64" in text
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "docs/install.md" in readme and "no aarch64 wheel has been built" in readme

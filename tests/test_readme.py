@@ -1,5 +1,6 @@
 """The README's examples run as written: its emulator command starts the server, and its Python
-examples run in order, as one session, against it, on both twins."""
+examples run in order, as one session, against it, on both twins. Every Python block of the
+README compiles; the Ray example runs in the Ray tier (tests/shards/test_readme_ray.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,12 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 
 
-def _using_it() -> tuple[str, list[str]]:
+def python_blocks() -> list[str]:
+    """Every Python example of the README, in order."""
+    return [code for kind, code in BLOCK.findall(README.read_text(encoding="utf-8")) if kind == "python"]
+
+
+def using_it() -> tuple[str, list[str]]:
     """The emulator command and the Python examples of the README's "Using it" section."""
     text = README.read_text(encoding="utf-8")
     section = text[text.index("## Using it") :]
@@ -31,7 +37,7 @@ def _using_it() -> tuple[str, list[str]]:
 
 
 @contextlib.contextmanager
-def _readme_emulator(command: str) -> Iterator[None]:
+def readme_emulator_process(command: str) -> Iterator[None]:
     args = shlex.split(command.removesuffix("&").strip())
     assert args[0] == "fastaccum"
     script = Path(sys.executable).with_name("fastaccum")
@@ -50,13 +56,21 @@ def _readme_emulator(command: str) -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def readme_emulator() -> Iterator[list[str]]:
-    command, examples = _using_it()
-    with _readme_emulator(command):
+    command, examples = using_it()
+    with readme_emulator_process(command):
         yield examples
 
 
+def test_every_python_block_of_the_readme_compiles() -> None:
+    """No example is a SyntaxError as printed (``await`` outside a function, say)."""
+    for code in python_blocks():
+        if code.lstrip().startswith(">>>"):
+            continue  # an interpreter session, not a script
+        compile(code, str(README), "exec")
+
+
 def test_the_readme_has_runnable_examples() -> None:
-    command, examples = _using_it()
+    command, examples = using_it()
     assert "--incremental-streaming-output" in command  # the examples ask for incremental mode
     assert len(examples) >= 3
 
