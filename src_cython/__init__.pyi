@@ -20,6 +20,7 @@ class StreamAccumulator:
         routed_start: int = 0,
         dialect: str = "sglang",
         routed_dtype: str | None = None,
+        require_routed_experts: bool = False,
     ) -> None: ...
     @property
     def mode(self) -> str: ...

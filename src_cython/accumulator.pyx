@@ -68,6 +68,7 @@ cdef class _CompiledAccumulator(EventSink):
     cdef public object _indexer_shape
     cdef public object _routed_start
     cdef public object _routed_dtype
+    cdef public bint _require_routed
     cdef readonly Buffer _ids
     cdef readonly Buffer _logprobs
     cdef readonly object _has_logprobs  # None until the first event decides it

@@ -243,7 +243,7 @@ def test_replay_max_event_bytes_zero_means_no_limit(tmp_path: Path) -> None:
     assert unlimited.returncode == 0, unlimited.stdout + unlimited.stderr
     assert "tokens:        20" in unlimited.stdout
     limited = fastaccum("replay", str(path), "--max-event-bytes", "10")
-    assert limited.returncode == 1 and "StreamLimitError" in limited.stdout, limited.stdout
+    assert limited.returncode == 1 and "StreamLimitError" in limited.stderr, limited.stderr
     assert "0: no limit" in _help_entries(_subcommands()["replay"].format_help())["--max-event-bytes"]
 
 
@@ -254,7 +254,9 @@ def test_replay_reports_the_typed_error_and_event_index(tmp_path: Path) -> None:
     path.write_bytes(body[: len(body) - 40])
     done = fastaccum("replay", str(path))
     assert done.returncode == 1
-    assert done.stdout.startswith("error: StreamTruncatedError: event 29:"), done.stdout
+    # The error is one line on stderr, as every command's; the prefix it kept is the output.
+    assert done.stderr == f"fastaccum replay: error: StreamTruncatedError: event 29: {done.stderr.split(': ', 4)[4]}"
+    assert done.stderr.count("\n") == 1 and done.stdout.startswith("prefix: "), done.stdout
     missing = fastaccum("replay", str(tmp_path / "nope.sse"))
     assert missing.returncode == 1 and "cannot read" in missing.stderr
 
@@ -269,7 +271,7 @@ def test_replay_of_a_body_that_is_no_event_stream_says_what_it_is(tmp_path: Path
     path.write_bytes(body)
     done = fastaccum("replay", str(path))
     assert done.returncode == 1
-    assert f"error: StreamFormatError: the response is not an event stream: {kind}" in done.stdout
+    assert f"error: StreamFormatError: the response is not an event stream: {kind}" in done.stderr
 
 
 def test_replay_error_names_the_event_once(tmp_path: Path) -> None:
@@ -277,8 +279,8 @@ def test_replay_error_names_the_event_once(tmp_path: Path) -> None:
     path.write_bytes(b"data: {not json\n\n")
     done = fastaccum("replay", str(path))
     assert done.returncode == 1
-    first = done.stdout.splitlines()[0]
-    assert first.startswith("error: StreamFormatError: event 0: ") and first.count("event 0") == 1, first
+    first = done.stderr.splitlines()[0]
+    assert first.startswith("fastaccum replay: error: StreamFormatError: event 0: ") and first.count("event 0") == 1
 
 
 def test_emulator_command_serves_until_terminated() -> None:
@@ -312,6 +314,21 @@ def test_emulator_command_serves_until_terminated() -> None:
     finally:
         child.terminate()
         child.wait(timeout=10)
+
+
+def test_ctrl_c_ends_the_emulator_with_status_130() -> None:
+    """As the README promises for every command: 130 on Ctrl-C, nothing on stderr."""
+    emulator = _foreground_job("emulator", "--port", "0")
+    try:
+        assert emulator.stdout is not None
+        assert emulator.stdout.readline().startswith("fastaccum emulator listening on ")
+        os.killpg(emulator.pid, signal.SIGINT)
+        status = emulator.wait(timeout=TIMEOUT_S)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(emulator.pid, signal.SIGKILL)
+    _, err = emulator.communicate(timeout=TIMEOUT_S)
+    assert status == 130 and err == "", err
 
 
 @pytest.mark.parametrize(
@@ -517,4 +534,4 @@ def test_replay_reads_a_vllm_body(tmp_path: Path) -> None:
     assert "tokens:        30 (completion_tokens 30)" in done.stdout and '"type": "length"' in done.stdout
     assert "routed:        (45, 3, 2) uint8" in done.stdout
     wrong = fastaccum("replay", str(path))  # read as SGLang: the first event names both servers
-    assert wrong.returncode == 1 and "vLLM" in wrong.stdout, wrong.stdout
+    assert wrong.returncode == 1 and "vLLM" in wrong.stderr, wrong.stderr

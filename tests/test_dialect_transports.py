@@ -278,3 +278,20 @@ def test_vllm_0_31_server_abort_is_a_truncation_unless_the_client_asked(
     assert 5 <= len(result) < LONG and result.finish_reason is None
     assert result.aborted is client_abort
     assert_prefix(emulator, "o-1", result)
+
+
+@pytest.mark.parametrize(("server", "asked"), [("sglang", "vllm"), ("vllm", "sglang")])
+def test_a_server_of_another_dialect_is_named_in_the_404(transport: Transport, server: str, asked: str) -> None:
+    """The generate route of the dialect asked for is not there: the error says which route each
+    server serves instead of a bare 404."""
+
+    async def main() -> None:
+        async with Emulator(dialect=server) as url, transport.open(url, dialect=asked) as make:
+            body = body_for(asked, "wrong-1", 5)
+            path = {**PATHS, "sglang": "/generate"}[asked]
+            stream = make(body, dialect=asked) if transport.kind == "client" else make(body, path=path, dialect=asked)
+            with pytest.raises(ServerError, match="HTTP 404 .*is the dialect the server's") as info:
+                await stream.run()
+            assert info.value.status == 404 and f"dialect={asked!r}" in str(info.value)
+
+    run(main())

@@ -12,11 +12,14 @@ case says so; docs/client.md lists those differences.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from types import ModuleType
 from typing import Any
 
 import pytest
 from client_helpers import CHUNKED_HEAD, EVENTS, RawServer, Transport, chunks, payload, run
 
+import fastaccum
 from fastaccum import ServerError, StreamError, StreamFormatError, StreamTruncatedError
 from fastaccum.emulator.writer import chunk_encode
 
@@ -286,6 +289,23 @@ def test_a_body_that_is_no_event_stream_says_what_it_is(transport: Transport, re
     result, kept = run(outcome(transport, [response]))
     assert isinstance(result, StreamFormatError) and kept == 0
     assert "not an event stream" in str(result) and kind in str(result)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b'{"error": {"message": "boom"}}', b'{"object": "error", "message": "boom", "code": 500}', b'{"detail": "boom"}'],
+    ids=["sglang", "vllm", "fastapi"],
+)
+def test_an_error_answer_given_to_consume_says_it_is_one(twin: ModuleType, body: bytes) -> None:
+    """consume() sees only the body: an HTTP 500's JSON is a failed request, not a payload that
+    forgot ``"stream": true``."""
+
+    async def pieces() -> AsyncIterator[bytes]:
+        yield body
+
+    with pytest.raises(StreamFormatError, match="a JSON error answer .check the response's HTTP status") as info:
+        run(fastaccum.consume(pieces()))
+    assert '"stream": true' not in str(info.value)
 
 
 def test_an_event_stream_cut_before_its_first_event_stays_a_truncation(transport: Transport) -> None:

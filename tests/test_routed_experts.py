@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from types import ModuleType
 from typing import Any
 
@@ -182,3 +183,41 @@ def test_json_escaped_solidus_in_base64(impl: ModuleType) -> None:
     assert escaped.count(b"\\/") == encoded.count("/")
     result = impl.accumulate([escaped], expert_shape=(1, 1))
     assert result.routed_experts.reshape(-1).tolist() == values.tolist()
+
+
+@pytest.mark.parametrize("opts", [INC, CUM], ids=["incremental", "cumulative"])
+def test_required_routed_experts_that_never_came_are_an_error(impl: ModuleType, opts: WireOptions) -> None:
+    """Asked for (``require_routed_experts``), a stream that finished by itself without them says
+    how the server is asked for them, instead of giving None."""
+    events = list(stream_events(synthetic_generation("re-required", 6), opts))
+    with pytest.raises(StreamFormatError, match="finished without routed experts.*--enable-return-routed-experts"):
+        _run(impl, events, expert_shape=(2, 2), require_routed_experts=True)
+    assert _run(impl, events, expert_shape=(2, 2)).routed_experts is None  # not required: None, as before
+
+
+def test_required_routed_experts_that_came_pass(impl: ModuleType) -> None:
+    gen = synthetic_generation("re-given", 6, expert_shape=(2, 2))
+    result = _run(impl, list(stream_events(gen, INC)), expert_shape=(2, 2), require_routed_experts=True)
+    assert np.array_equal(result.routed_experts, gen.routed_experts)
+
+
+def test_an_abort_without_routed_experts_is_no_error_when_they_are_required(impl: ModuleType) -> None:
+    """A request aborted before it ran ends with SGLang's echo, which lawfully has none."""
+    events = list(stream_events(synthetic_generation("re-abort", 3), INC))
+    events[-1]["meta_info"]["finish_reason"] = {"type": "abort", "message": "Abort in waiting queue"}
+    assert _run(impl, events, require_routed_experts=True).routed_experts is None
+
+
+@pytest.mark.parametrize(
+    ("values", "fits"),
+    [
+        (32, "expert_shape=(4, 2) or (2, 4) would fit"),
+        (24, "expert_shape=(3, 2) or (2, 3) would fit"),
+        (17, "do not divide"),
+    ],
+)
+def test_a_wrong_expert_shape_names_the_shapes_that_would_fit(impl: ModuleType, values: int, fits: str) -> None:
+    # prompt 2 + completion 3 - 1 = 4 rows; expert_shape (2, 2) expects 16 values.
+    _, events = _terminal_replaced(encode_int32(np.arange(values)))
+    with pytest.raises(StreamLengthError, match=re.escape(fits)):
+        _run(impl, events, expert_shape=(2, 2))

@@ -70,3 +70,25 @@ def test_request_abort_through_the_real_router(line: str) -> None:
     # Each sample's rid to both workers (a stream with no event yet at the abort is named again at
     # its first event: the server may not have held it when the first abort arrived).
     assert set(first.aborted_rids) == set(second.aborted_rids) and len(set(first.aborted_rids)) == len(samples)
+
+
+@pytest.mark.parametrize("unrelated", [False, True], ids=["absent", "pypi-namesake"])
+def test_without_slime_the_error_says_where_slime_comes_from(tmp_path: Any, unrelated: bool) -> None:
+    """slime installs from its checkout; a package of that name from PyPI is another project."""
+    import subprocess
+    import sys
+
+    if unrelated:
+        (tmp_path / "slime").mkdir()
+        (tmp_path / "slime" / "__init__.py").write_text("")
+    code = "import fastaccum.slime._modules as m\ntry:\n    m.modules()\nexcept ImportError as e:\n    print(e)\n"
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", code],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "fastaccum.slime runs inside THUDM/slime, which is not importable here" in done.stdout
+    assert ("is not it" in done.stdout) == unrelated and "another project" in done.stdout

@@ -74,6 +74,21 @@ def test_every_token_arrives(transport: Transport, incremental: bool, interval: 
     assert_matches(emulator, "e-1", result)
 
 
+def test_a_streams_events_are_its_results_events(transport: Transport) -> None:
+    """One count of events: the stream's progress counter ends where ``result.events`` (and
+    Client's timing) does; ``[DONE]`` is not an event of the stream's JSON."""
+
+    async def main() -> tuple[Any, StreamResult]:
+        async with Emulator(incremental_streaming_output=True) as url, transport.open(url) as make:
+            stream = make(payload("ev-1", 7))
+            return stream, await stream.run()
+
+    stream, result = run(main())
+    assert stream.events == result.events == 7
+    if transport.kind == "client":
+        assert result.timing is not None and result.timing.events == 7
+
+
 def test_sequential_completed_streams_share_one_connection(transport: Transport) -> None:
     emulator = CountingEmulator(token_rate=5000)
 
@@ -388,7 +403,7 @@ def test_client_on_uvloop_and_timing(twin: ModuleType, loop: str) -> None:
     assert len(result) == 400 and result.finished
     assert running is not None and running.first_token_s is not None
     timing = result.timing
-    assert timing is not None and timing.tokens == 400 and timing.events == result.events + 1
+    assert timing is not None and timing.tokens == 400 and timing.events == result.events
     assert timing.first_byte_s is not None and timing.first_token_s is not None
     assert timing.first_byte_s <= timing.first_token_s <= timing.duration_s
     assert timing.gap_p50_s is not None and timing.gap_p99_s is not None and timing.gap_max_s is not None

@@ -25,6 +25,7 @@ from fastaccum._core.policy import (
     check_options,
     finish_error,
     read_arrays,
+    routed_experts_missing,
 )
 from fastaccum.errors import StreamError
 from fastaccum.result import StreamResult, snapshot_of
@@ -74,6 +75,7 @@ class AccumulatorBase:
     _indexer_shape: tuple[int, int] | None
     _routed_start: int
     _routed_dtype: str | None  # "int32": vLLM's narrower routed experts widened
+    _require_routed: bool  # finish() refuses a finished stream without routed experts
     _ids: _Buffer  # int32 token ids
     _logprobs: _Buffer  # float64
     _has_logprobs: bool | None
@@ -99,6 +101,7 @@ class AccumulatorBase:
         routed_start: int = 0,
         dialect: str = "sglang",
         routed_dtype: str | None = None,
+        require_routed_experts: bool = False,
     ) -> None:
         # The modes and dialects are MODES' and DIALECTS' own str objects: the compiled twin
         # compares them by identity.
@@ -106,6 +109,7 @@ class AccumulatorBase:
             mode, expert_shape, max_event_bytes, indexer_shape, routed_start, dialect, routed_dtype
         )
         self._routed_dtype = routed_dtype
+        self._require_routed = bool(require_routed_experts)
         self._dialect = DIALECTS[DIALECTS.index(dialect)]
         self._expert_shape = expert_shape
         self._indexer_shape = indexer_shape
@@ -244,6 +248,8 @@ class AccumulatorBase:
                 finished=self._finish_reason is not None,
                 dialect=self._dialect,
             )
+            if self._error is None and self._require_routed:
+                self._error = routed_experts_missing(self._finish_reason, self._replay, self._dialect)
         if self._error is not None:
             raise self._error
         self._result = self._build(final=True)
@@ -291,6 +297,7 @@ class AccumulatorBase:
 # assigns must be writable from Python in the compiled twin too.
 STATE: tuple[str, ...] = tuple(AccumulatorBase.__annotations__)
 STATE_WRITTEN: tuple[str, ...] = (
+    "_require_routed",
     "_mode",
     "_dialect",
     "_expert_shape",

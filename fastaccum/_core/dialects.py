@@ -58,6 +58,7 @@ __all__ = (
     "chunk_counts",
     "chunk_text",
     "read_chunk_logprobs",
+    "route_hint",
     "chunk_arrays",
     "npy_array",
 )
@@ -81,6 +82,17 @@ class DialectRequest(NamedTuple):
 
 _PATHS = {SGLANG: "/generate", DYNAMO: "/generate", VLLM: "/inference/v1/generate"}
 _ID_KEYS = {SGLANG: "rid", DYNAMO: "rid", VLLM: "request_id"}
+
+
+def route_hint(dialect: str, status: int) -> str:
+    """What a 404 or 405 from the generate route usually means: a server of another dialect ("" for
+    any other status), to append to the error's message."""
+    if status not in (404, 405):
+        return ""
+    return (
+        f" (dialect={dialect!r} asks for {_PATHS[dialect]}; SGLang and Dynamo serve /generate, vLLM "
+        "/inference/v1/generate: is the dialect the server's? docs/dialects.md)"
+    )
 
 
 def check_dialect(dialect: object) -> None:

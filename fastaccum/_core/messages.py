@@ -35,6 +35,7 @@ __all__ = (
     "bad_npy",
     "npy_shape",
     "input_ended",
+    "no_routed_experts",
     "wrong_dialect",
     "text_logprobs",
     "indexed_event",
@@ -216,7 +217,8 @@ def npy_shape(index: int, mode: str, shape: tuple[int, ...], expert_shape: tuple
     return bad_length(
         index,
         mode,
-        f"choices[0].routed_experts has shape {shape}; expert_shape says (rows, {layers}, {topk})",
+        f"choices[0].routed_experts has shape {shape}; expert_shape says (rows, {layers}, {topk}) "
+        f"(expert_shape={tuple(shape[1:])} would fit)",
         layers * topk,
         shape[1] * shape[2],
     )
@@ -232,6 +234,21 @@ _ENDED_BY = {
     ("dynamo", "done"): " (Dynamo stopped the request: its graceful stop ends with [DONE] and no finish_reason)",
     ("vllm", "done"): " (vLLM before 0.32 ends an aborted request this way)",
 }
+
+
+# How each server is asked for routed experts, for the message when none came.
+_ROUTED_SWITCH = {
+    "sglang": "SGLang sends them when started with --enable-return-routed-experts and asked with "
+    '"return_routed_experts": true (sglang-router 0.3.2 drops that key: docs/client.md)',
+    "dynamo": "SGLang behind Dynamo sends them when started with --enable-return-routed-experts",
+    "vllm": "vLLM sends them when started with --enable-return-routed-experts",
+}
+
+
+def no_routed_experts(dialect: str) -> StreamFormatError:
+    return StreamFormatError(
+        f"the stream finished without routed experts, which require_routed_experts asks for: {_ROUTED_SWITCH[dialect]}"
+    )
 
 
 def input_ended(index: int, mid_event: bool | None, dialect: str = "sglang") -> StreamTruncatedError:
@@ -376,9 +393,23 @@ def replay_size(
         )
         return bad_length(index, mode, what, count * layers, size)
     expected = count * layers * topk
-    return bad_length(
-        index, mode, f"{key} has {size} values; expected ({counted}) x {layers} x {topk} = {expected}", expected, size
-    )
+    what = f"{key} has {size} values; expected ({counted}) x {layers} x {topk} = {expected}"
+    return bad_length(index, mode, what + _fitting(key, size, count, layers, topk), expected, size)
+
+
+def _fitting(key: str, size: int, rows: int, layers: int, topk: int) -> str:
+    """What would fit ``size`` values in ``rows`` rows: the shape option keeping one of its two
+    numbers, or the news that no shape does (then the row count is off)."""
+    option = "expert_shape" if key == "routed_experts" else "indexer_shape"
+    if not rows or size % rows:
+        return f" (no {option} fits: {size} values do not divide into {rows} rows)"
+    per_row = size // rows
+    fits = [(per_row // topk, topk)] if per_row % topk == 0 else []
+    if per_row % layers == 0 and (layers, per_row // layers) not in fits:
+        fits.append((layers, per_row // layers))
+    if not fits:
+        return f" (each row holds {per_row}: {option} must multiply to {per_row})"
+    return f" (each row holds {per_row}: {option}={' or '.join(str(f) for f in fits)} would fit)"
 
 
 def replay_layers(index: int, mode: str, key: str, value: object, layers: int) -> StreamError:

@@ -26,6 +26,7 @@ from fastaccum._core.messages import (
     fed_after_finish,
     indexed_event,
     input_ended,
+    no_routed_experts,
     not_an_object,
     not_bytes,
     not_json,
@@ -51,6 +52,7 @@ __all__ = (
     "check_options",
     "refused_feed",
     "finish_error",
+    "routed_experts_missing",
     "end_event",
     "read_event",
     "event_meta",
@@ -174,6 +176,13 @@ def finish_error(
     if mid_event and not b"[DONE]".startswith(data):
         return broken(events, "after_terminal")
     return None
+
+
+def routed_experts_missing(finish: dict[str, Any] | None, replay: dict[str, Any] | None, dialect: str) -> Any:
+    """``require_routed_experts``: a stream that finished by itself (stop, length) without them
+    (an abort's terminal event may lawfully have none: a request that never ran)."""
+    missing = not (replay and "routed_experts" in replay) and (finish or {}).get("type") != "abort"
+    return no_routed_experts(dialect) if missing else None
 
 
 def end_event(index: int, *, done: bool, finished: bool, is_done: bool, dialect: str = "sglang") -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 from collections.abc import Callable
 from types import ModuleType, SimpleNamespace
@@ -14,7 +15,7 @@ from fastaccum._impl import IMPLEMENTATION
 from fastaccum._rollout.settings import RolloutSettings
 from fastaccum._version import __version__
 
-__all__ = ("Framework", "import_framework", "CONTROL_TIMEOUT")
+__all__ = ("Framework", "import_framework", "framework_missing", "CONTROL_TIMEOUT")
 
 # Control calls (/workers, /server_info, loads, aborts, /pause, /resume) answer at once on a live server.
 CONTROL_TIMEOUT = aiohttp.ClientTimeout(total=10)
@@ -109,13 +110,38 @@ class Framework:
         endpoint); nothing by default."""
 
 
-def import_framework(package: str, rollout: str, **extra: ModuleType | None) -> SimpleNamespace:
+def import_framework(package: str, rollout: str, home: str, **extra: ModuleType | None) -> SimpleNamespace:
     """``package``'s rollout module (``{package}.rollout.{rollout}``), its utilities and
-    ``Sample``, plus ``extra`` modules the adapter imported itself."""
-    utils = {name: importlib.import_module(f"{package}.utils.{name}") for name in ("async_utils", "http_utils", "misc")}
-    return SimpleNamespace(
-        rollout=importlib.import_module(f"{package}.rollout.{rollout}"),
-        Sample=importlib.import_module(f"{package}.utils.types").Sample,
-        **utils,
-        **extra,
+    ``Sample``, plus ``extra`` modules the adapter imported itself. ``home``: the framework's
+    repository, for the message when it is not there (frameworks install from source, and PyPI
+    names like ``slime`` belong to unrelated projects)."""
+    try:
+        utils = {
+            name: importlib.import_module(f"{package}.utils.{name}") for name in ("async_utils", "http_utils", "misc")
+        }
+        return SimpleNamespace(
+            rollout=importlib.import_module(f"{package}.rollout.{rollout}"),
+            Sample=importlib.import_module(f"{package}.utils.types").Sample,
+            **utils,
+            **extra,
+        )
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] != package:
+            raise  # the framework is there; something it imports is not
+        raise framework_missing(package, home, exc) from exc
+
+
+def framework_missing(package: str, home: str, exc: ModuleNotFoundError) -> ImportError:
+    """The error for a framework that is not importable, or a package of its name that is not it."""
+    found = importlib.util.find_spec(package)
+    where = (
+        ""
+        if found is None
+        else f" (the {package!r} found at {found.origin or found.submodule_search_locations} is not it)"
+    )
+    return ImportError(
+        f"fastaccum.{package} runs inside {home}, which is not importable here{where}: {exc}. Run it in "
+        f"{package}'s own environment, or put a {home} checkout on PYTHONPATH; a PyPI package named "
+        f"{package!r} is another project",
+        name=exc.name,
     )

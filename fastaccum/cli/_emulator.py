@@ -1,5 +1,5 @@
 """``fastaccum emulator``: the emulator (SGLang, Dynamo or vLLM) served until interrupted (and the
-demo's child)."""
+demo's child). Ctrl-C ends it with status 130, as it ends every command (fastaccum.cli.main)."""
 
 from __future__ import annotations
 
@@ -57,8 +57,6 @@ def run_emulator(args: argparse.Namespace) -> int:
 
     try:
         asyncio.run(serve())
-    except KeyboardInterrupt:
-        pass
     except BrokenPipeError:  # the announcement found no reader: not a listening problem
         raise
     except OSError as exc:  # address in use, a host that does not resolve, no permission

@@ -43,7 +43,8 @@ def run_replay(args: argparse.Namespace) -> int:
     except StreamError as exc:  # the core's messages name the event themselves
         if isinstance(exc, StreamTruncatedError) and not accumulator.events:
             exc = not_an_event_stream(first) or exc  # a JSON answer or an error page, not a cut stream
-        print(f"error: {type(exc).__name__}: {exc}")
+        # The error is the one line on stderr every command's failure is; the prefix is output.
+        print(f"fastaccum replay: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         try:
             prefix = accumulator.snapshot()
             print(f"prefix: {len(prefix)} tokens in {prefix.events} events (mode {prefix.mode})")

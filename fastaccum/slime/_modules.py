@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from fastaccum._rollout.framework import import_framework
+from fastaccum._rollout.framework import framework_missing, import_framework
+
+HOME = "THUDM/slime"  # where slime comes from: its checkout, never PyPI
 
 __all__ = ("modules", "forget")
 
@@ -21,9 +23,13 @@ def modules() -> SimpleNamespace:
     """
     global _loaded
     if _loaded is None:
-        from slime.backends.sglang_utils import server_control
-
-        _loaded = import_framework("slime", "sglang_rollout", server_control=server_control)
+        try:
+            from slime.backends.sglang_utils import server_control
+        except ModuleNotFoundError as exc:
+            if exc.name is None or exc.name.split(".")[0] != "slime":
+                raise
+            raise framework_missing("slime", HOME, exc) from exc
+        _loaded = import_framework("slime", "sglang_rollout", HOME, server_control=server_control)
     return _loaded
 
 

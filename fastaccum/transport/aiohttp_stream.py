@@ -26,7 +26,7 @@ from typing import Any
 import aiohttp
 from aiohttp.http_exceptions import HttpProcessingError
 
-from fastaccum._core.dialects import request_for
+from fastaccum._core.dialects import request_for, route_hint
 from fastaccum._impl import StreamAccumulator
 from fastaccum.errors import (
     ServerError,
@@ -72,6 +72,7 @@ class GenerateStream(StreamConsumer):
         indexer_shape: tuple[int, int] | None = None,
         dialect: str = "sglang",
         routed_dtype: str | None = None,
+        require_routed_experts: bool = False,
         retries: int = 0,
         retry_max_delay_s: float = DEFAULT_RETRY_MAX_DELAY_S,
     ) -> None:
@@ -85,10 +86,12 @@ class GenerateStream(StreamConsumer):
             routed_start=routed_start_of(payload),
             dialect=dialect,
             routed_dtype=routed_dtype,
+            require_routed_experts=require_routed_experts,
             retries=retries,
             retry_max_delay_s=retry_max_delay_s,
         )
         self._session = session
+        self._dialect = dialect
         self._url = url
         self._payload = request.body
         self._headers = dict(headers) if headers else None
@@ -136,7 +139,10 @@ class GenerateStream(StreamConsumer):
         if not 200 <= response.status < 300:  # every other final status is the server's answer
             body = await response.text(errors="replace")
             location = response.headers.get("Location")
-            raise status_error(self._url, response.status, response.reason or "", body, location)
+            error = status_error(self._url, response.status, response.reason or "", body, location)
+            hint = route_hint(self._dialect, response.status)
+            error.args = (error.args[0] + hint, *error.args[1:])
+            raise error
         self._watch_parser(response)
         try:
             await self._feed_all(response.content.iter_any())

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from types import EllipsisType
 from typing import Any
 
-from fastaccum._core.dialects import VLLM, check_dialect, request_for
+from fastaccum._core.dialects import VLLM, check_dialect, request_for, route_hint
 from fastaccum._impl import StreamAccumulator
 from fastaccum.errors import (
     StreamConnectionError,
@@ -85,20 +85,13 @@ class ClientStream(StreamConsumer):
         coalesce_ms: float,
         abort_drain_s: float | None,
         dialect: str,
-        retries: int,
-        retry_max_delay_s: float,
-        **core: Any,  # the accumulator's options: mode, expert_shape, max_event_bytes, indexer_shape
+        **core: Any,  # StreamConsumer's options: the accumulator's (mode, expert_shape, ...), retries
     ) -> None:
         request = request_for(dialect, payload, client._new_rid, {**client._header_fields, **(headers or {})})
-        super().__init__(
-            None,
-            routed_start=routed_start_of(payload),
-            dialect=dialect,
-            retries=retries,
-            retry_max_delay_s=retry_max_delay_s,
-            **core,
-        )
+        super().__init__(None, routed_start=routed_start_of(payload), dialect=dialect, **core)
         self._client = client
+        self._dialect = dialect
+        self._default_path = path is None  # the dialect's own route (a 404 there names the dialect)
         path = request.path if path is None else path
         self._url = client.base_url + path
         self.rid = request.rid
@@ -140,7 +133,7 @@ class ClientStream(StreamConsumer):
         return self._clock.timing(
             tokens=self._accumulator.tokens,
             bytes_received=self._bytes_received,
-            events=self._events,
+            events=int(self._accumulator.events),
             retries=self._retry.done,
         )
 
@@ -236,7 +229,7 @@ class ClientStream(StreamConsumer):
         if head.status >= 300:
             conn.receiver = self._on_error_body
             if head.body_complete:  # no body to wait for (Content-Length: 0, 304)
-                self._fail(head.status_error())
+                self._fail(self._status_error())
                 return False
             return True
         try:
@@ -292,7 +285,11 @@ class ClientStream(StreamConsumer):
         self._clock.read()
         self._head.feed_error_body(data)
         if self._head.body_complete:
-            self._fail(self._head.status_error())
+            self._fail(self._status_error())
+
+    def _status_error(self) -> StreamError:
+        """The response's error status; on the dialect's own route a 404 says it may be the wrong one."""
+        return self._head.status_error(route_hint(self._dialect, self._head.status) if self._default_path else "")
 
     def _on_lost(self, exc: BaseException | None) -> None:
         waiter = self._waiter
@@ -303,7 +300,7 @@ class ClientStream(StreamConsumer):
         if receiver == self._on_body:
             self._complete(eof=True)  # end of input: the accumulator tells truncation from the end
         elif receiver == self._on_error_body:
-            self._fail(self._head.status_error())
+            self._fail(self._status_error())
         elif not self._clock.first_byte:
             self._fail(_Stale())
         else:  # the bytes of the head so far were valid (httptools saw each read), but it stopped
@@ -469,6 +466,7 @@ class Client:
         indexer_shape: tuple[int, int] | None = None,
         dialect: str | None = None,
         routed_dtype: str | None = None,
+        require_routed_experts: bool = False,
         retries: int | None = None,
         retry_max_delay_s: float | None = None,
     ) -> ClientStream:
@@ -477,8 +475,10 @@ class Client:
         the dialect's, ``/generate`` or vLLM's ``/inference/v1/generate``); nothing is sent
         before ``run()``. ``coalesce_ms`` None takes the client's window, ``abort_drain_s`` left
         out and ``dialect`` None the client's. ``routed_dtype="int32"`` widens vLLM's narrower
-        routed experts (uint8, uint16) to int32. ``retries`` and ``retry_max_delay_s`` None take
-        the client's."""
+        routed experts (uint8, uint16) to int32. ``require_routed_experts``: a stream that
+        finishes (stop, length) without routed experts raises ``StreamFormatError`` instead of
+        giving None (the server was not started to send them). ``retries`` and
+        ``retry_max_delay_s`` None take the client's."""
         if abort_drain_s is ...:
             abort_drain_s = self._abort_drain_s
         else:
@@ -504,6 +504,7 @@ class Client:
             indexer_shape=indexer_shape,
             dialect=dialect,
             routed_dtype=routed_dtype,
+            require_routed_experts=require_routed_experts,
             retries=retries,
             retry_max_delay_s=retry_max_delay_s,
         )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 from collections.abc import AsyncIterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,9 @@ ERROR_BODY_CHARS = 2000
 # A body that never held an event is described by its first bytes: this many are kept.
 FIRST_BYTES = 120
 _SSE_FIELDS = (b"data", b"event", b"id", b"retry")
+# The first key of an error body: SGLang's {"error": ...}, FastAPI's {"detail": ...}, vLLM's
+# {"object": "error", ...}.
+_ERROR_ANSWER = re.compile(rb'\{\s*"(error|detail)"\s*:|\{\s*"object"\s*:\s*"error"')
 
 
 def not_an_event_stream(first_bytes: bytes, content_type: str | None = None) -> StreamFormatError | None:
@@ -52,7 +56,12 @@ def not_an_event_stream(first_bytes: bytes, content_type: str | None = None) -> 
     if text.startswith(b":") or field in _SSE_FIELDS:
         return None  # SSE lines (a comment, a field): an event stream cut short
     if media == "application/json" or media.endswith("+json") or (not media and text[:1] in (b"{", b"[")):
-        kind = 'a JSON object (is "stream": true in the payload?)' if text[:1] == b"{" else "JSON"
+        if _ERROR_ANSWER.match(text):  # SGLang's, vLLM's or FastAPI's error body: a failed request
+            kind = "a JSON error answer (check the response's HTTP status before reading its body)"
+        elif text[:1] == b"{":
+            kind = 'a JSON object (is "stream": true in the payload?)'
+        else:
+            kind = "JSON"
     elif media in ("text/html", "application/xhtml+xml") or (not media and text[:1] == b"<"):
         kind = "an HTML page"
     else:
@@ -82,6 +91,7 @@ class StreamConsumer:
         routed_start: int = 0,
         dialect: str = "sglang",
         routed_dtype: str | None = None,
+        require_routed_experts: bool = False,
         retries: int = 0,
         retry_max_delay_s: float = 0.0,
     ) -> None:
@@ -94,6 +104,7 @@ class StreamConsumer:
             "routed_start": routed_start,
             "dialect": dialect,
             "routed_dtype": routed_dtype,
+            "require_routed_experts": require_routed_experts,
         }
         self._accumulator = self._new_accumulator(**self._core_options)
         self._retry = Retry(retries, retry_max_delay_s)
@@ -117,8 +128,8 @@ class StreamConsumer:
     # ---- progress (readable while running) -----------------------------------------------------
     @property
     def events(self) -> int:
-        """Data events completed so far (``[DONE]`` included)."""
-        return self._events
+        """JSON events read so far: what ``result.events`` counts (``[DONE]`` is not one)."""
+        return int(self._accumulator.events)
 
     @property
     def bytes_received(self) -> int:
@@ -329,6 +340,7 @@ async def consume(
     routed_start: int = 0,
     dialect: str = "sglang",
     routed_dtype: str | None = None,
+    require_routed_experts: bool = False,
 ) -> StreamResult:
     """Feed every piece of an async byte iterator (any transport), then ``finish()``.
 
@@ -344,4 +356,5 @@ async def consume(
         routed_start=routed_start,
         dialect=dialect,
         routed_dtype=routed_dtype,
+        require_routed_experts=require_routed_experts,
     ).run()

@@ -193,15 +193,14 @@ class ResponseHead:
         self.keep_alive = bool(self._parser.should_keep_alive())
         return used
 
-    def status_error(self) -> ServerError:
-        """The error for this response's status, quoting its body (what arrived of it)."""
-        return status_error(
-            self.url,
-            self.status,
-            self.reason,
-            self.body.decode("utf-8", errors="replace"),
-            self.headers.get("location"),
+    def status_error(self, hint: str = "") -> ServerError:
+        """The error for this response's status, quoting its body (what arrived of it), then
+        ``hint``."""
+        error = status_error(
+            self.url, self.status, self.reason, self.body.decode("utf-8", errors="replace"), self.headers.get("location")
         )
+        error.args = (error.args[0] + hint, *error.args[1:])
+        return error
 
     def feed_error_body(self, data: memoryview) -> None:
         """An error response's body, read for the message; a broken one ends it."""

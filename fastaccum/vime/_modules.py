@@ -41,7 +41,7 @@ def modules() -> SimpleNamespace:
     global _loaded
     if _loaded is None:
         server_control = _optional("vime.backends.vllm_utils.server_control")
-        found = import_framework("vime", "vllm_rollout", server_control=server_control)
+        found = import_framework("vime", "vllm_rollout", "vllm-project/vime", server_control=server_control)
         offers = probe(found.rollout, server_control, found.http_utils, found.misc, found.Sample)
         _loaded = SimpleNamespace(**vars(found), **offers)
     return _loaded
