@@ -2,7 +2,7 @@
 
     python tools/live/engines.py install sglang|vllm      # the engine's venv (cached); prints its python
     python tools/live/engines.py model sglang|vllm        # the tiny model (cached); prints its folder
-    python tools/live/engines.py serve sglang|vllm [--incremental] [--port P]   # serves until Ctrl-C
+    python tools/live/engines.py serve sglang|vllm [--incremental] [--stream-interval N] [--port P]  # until Ctrl-C
 
 Everything is cached outside the checkout, under ``$FASTACCUM_LIVE_CACHE`` (default
 ``~/.cache/fastaccum/live``): each engine's venv keyed by its frozen requirements
@@ -79,7 +79,7 @@ class Engine:
     def requirements(self) -> Path:
         return HERE / f"{self.name}-requirements.txt"
 
-    def arguments(self, model: Path, port: int, *, incremental: bool) -> list[str]:
+    def arguments(self, model: Path, port: int, *, incremental: bool, stream_interval: int = 1) -> list[str]:
         if self.name == "vllm":
             # --enable-scale-out serves /inference/v1/generate and /inference/v1/abort_requests.
             # (--tokens-only serves them too, but an out-of-vocabulary id then kills the engine.)
@@ -91,7 +91,7 @@ class Engine:
         arguments = [
             "--model-path", str(model), "--served-model-name", MODEL_NAME, "--device", "cpu",
             "--host", "127.0.0.1", "--port", str(port), "--attention-backend", "torch_native",
-            "--disable-cuda-graph", "--stream-interval", "1", "--random-seed", "0",
+            "--disable-cuda-graph", "--stream-interval", str(stream_interval), "--random-seed", "0",
             "--mem-fraction-static", "0.05", "--max-total-tokens", "32768",
             "--max-running-requests", "64", "--enable-return-routed-experts",
         ]  # fmt: skip
@@ -268,9 +268,12 @@ class Server:
     ``with Server("vllm") as server: server.url`` starts it and waits until it answers (and has
     served one warm-up request); leaving the block stops every process of its session."""
 
-    def __init__(self, name: str, *, incremental: bool = False, port: int | None = None) -> None:
+    def __init__(
+        self, name: str, *, incremental: bool = False, port: int | None = None, stream_interval: int = 1
+    ) -> None:
         self.engine = engine(name)
         self.incremental = incremental
+        self.stream_interval = stream_interval  # SGLang's --stream-interval (vLLM streams every token)
         self.python = venv_python(name)
         self.model = model_dir(self.python)
         self.port = port or free_port()
@@ -291,7 +294,9 @@ class Server:
 
     def start(self) -> None:
         command = ["taskset", "-c", str(SERVER_CORE), str(self.python), "-m", self.engine.module]
-        command += self.engine.arguments(self.model, self.port, incremental=self.incremental)
+        command += self.engine.arguments(
+            self.model, self.port, incremental=self.incremental, stream_interval=self.stream_interval
+        )
         shutil.rmtree(self.run_dir, ignore_errors=True)
         self.run_dir.mkdir(parents=True)
         env = {**os.environ, **self.engine.server_env(SERVER_CORE, self.run_dir)}
@@ -385,6 +390,7 @@ def main() -> int:
         one.add_argument("engine", choices=sorted(ENGINES))
         if command == "serve":
             one.add_argument("--incremental", action="store_true", help="SGLang: --incremental-streaming-output")
+            one.add_argument("--stream-interval", type=int, default=1, help="SGLang: --stream-interval")
             one.add_argument("--port", type=int, default=None)
     args = parser.parse_args()
     if args.command == "install":
@@ -396,7 +402,9 @@ def main() -> int:
         for sig in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.default_int_handler)
         try:
-            with Server(args.engine, incremental=args.incremental, port=args.port) as server:
+            with Server(
+                args.engine, incremental=args.incremental, port=args.port, stream_interval=args.stream_interval
+            ) as server:
                 print(server.url, flush=True)
                 signal.pause()
         except KeyboardInterrupt:
