@@ -53,6 +53,27 @@ def test_upper_and_lower_case_hex_and_leading_zeros(impl: ModuleType) -> None:
         assert acc.chunked_ended and len(acc.snapshot()) == 1
 
 
+@pytest.mark.parametrize("case", ["lower", "upper"])
+def test_every_hex_digit_in_either_case_is_a_chunk_size(impl: ModuleType, case: str) -> None:
+    """RFC 9112's chunk-size is 1*HEXDIG, and HEXDIG is case-insensitive: chunks of every size from
+    1 to 15 (each one-digit size), and two-digit ones holding every letter, in either case."""
+    sizes = [*range(1, 16), 0xAF, 0xBE, 0xCD, 0xDF, 0x9A, 0xFF, 0x10]
+    spelled = [format(n, "x" if case == "lower" else "X") for n in sizes]
+    assert set("".join(spelled).lower()) == set("0123456789abcdef")
+    data, pos = b"", 0
+    while pos < len(BODY):
+        for size, text in zip(sizes, spelled):
+            piece = BODY[pos : pos + size]
+            if not piece:
+                break
+            if len(piece) < size:  # the last chunk: its own size, spelled as Python spells it
+                text = format(len(piece), "x" if case == "lower" else "X")
+            data += text.encode() + b"\r\n" + piece + b"\r\n"
+            pos += len(piece)
+    acc, _ = feed_all(impl, data + b"0\r\n\r\n", [5])
+    assert acc.chunked_ended and acc.finish().token_ids.tolist() == GEN.token_ids
+
+
 def test_the_body_is_not_complete_before_the_last_crlf(impl: ModuleType) -> None:
     data = chunk_encode(BODY)
     acc = impl.StreamAccumulator()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import random
+from collections.abc import AsyncIterator
 from types import ModuleType
 from typing import Any
 
@@ -30,6 +31,7 @@ from fastaccum import (
     StreamTruncatedError,
 )
 from fastaccum.emulator import Emulator
+from fastaccum.transport.consumer import StreamConsumer
 
 # Abort storms and coalescing windows on a loaded 2-core machine: wait longer than test_client.py.
 wait_until = functools.partial(client_helpers.wait_until, timeout=30.0)
@@ -72,6 +74,39 @@ def test_every_token_arrives(transport: Transport, incremental: bool, interval: 
     result = run(main())
     assert result.finish_reason == {"type": "length", "length": 300} and not result.aborted
     assert_matches(emulator, "e-1", result)
+
+
+def test_an_abort_before_run_sends_nothing_and_says_so(transport: Transport) -> None:
+    """abort() before run(): no request is written, and the result says the server never held it
+    (``request_sent`` False, so ``replay_complete``: nothing exists to replay)."""
+    emulator = CountingEmulator()
+
+    async def main() -> StreamResult:
+        async with emulator as url, transport.open(url) as make:
+            stream = make(payload("early-1", 5))
+            stream.abort()
+            return await stream.run()
+
+    result = run(main())
+    assert result.aborted and not result.request_sent and result.replay_complete and not result.finished
+    assert len(result) == 0 and emulator.stats.calls.get("/generate", 0) == 0
+
+
+def test_an_abort_before_run_of_consume_reads_nothing_and_says_so(twin: ModuleType) -> None:
+    """The same contract for a stream over any byte iterator (StreamConsumer, consume()'s base)."""
+    read: list[bytes] = []
+
+    async def pieces() -> AsyncIterator[bytes]:
+        read.append(b"x")
+        yield b"data: [DONE]\n\n"
+
+    async def main() -> StreamResult:
+        stream = StreamConsumer(pieces())
+        stream.abort()
+        return await stream.run()
+
+    result = run(main())
+    assert result.aborted and not result.request_sent and result.replay_complete and not read
 
 
 def test_a_streams_events_are_its_results_events(transport: Transport) -> None:

@@ -41,6 +41,7 @@ from fastaccum.transport.client import DEFAULT_COALESCE_MS, ClientStream
 from fastaccum.transport.consumer import StreamConsumer
 
 OPEN_STREAM = _pools.POOLS.open_stream  # the adapter's own, which Wiring wraps
+NEW_RID = _generate.new_rid  # likewise
 
 DOUBLE_ROOT = str(Path(__file__).resolve().parent)
 PROMPT = "alpha beta gamma delta epsilon zeta eta theta"
@@ -235,8 +236,11 @@ async def count_reward(args: Any, sample: Any) -> float:
 
 @dataclasses.dataclass
 class Wiring:
-    """Names every request ``s<index>a<attempt>`` (fixed width: never a prefix of another rid)
-    and applies per-rid plans: ``{"stop_at": k}`` (a stop token at position k) or ``{"fault": {...}}``."""
+    """Names every request ``s<index>a<attempt>`` on the wire (fixed width: never a prefix of
+    another rid), so the emulator's tokens are known in advance, and applies per-rid plans:
+    ``{"stop_at": k}`` (a stop token at position k) or ``{"fault": {...}}``. The adapter's own
+    ``new_rid`` still runs for every call, and what it made is held to SGLang's rule when the
+    scenario ends (``check_rids``)."""
 
     emulator: Emulator
     plans: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
@@ -244,8 +248,10 @@ class Wiring:
     payloads: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     headers: list[Any] = dataclasses.field(default_factory=list)
     streams: list[StreamConsumer] = dataclasses.field(default_factory=list)
+    made: list[str] = dataclasses.field(default_factory=list)  # the adapter's own rids, one per call
 
     def rid(self, sample: Any) -> str:
+        self.made.append(NEW_RID(sample))
         rid = f"s{sample.index:03d}a{self.attempts[sample.index]:02d}"
         self.attempts[sample.index] += 1
         return rid
@@ -281,9 +287,20 @@ def wired(env: SlimeEnv, emulator: Emulator) -> Iterator[Wiring]:
     patch.setattr(_pools.POOLS, "open_stream", wiring.open_stream)
     try:
         yield wiring
+        check_rids(wiring.made)
     finally:
         patch.undo()
         env.reset()
+
+
+def check_rids(rids: list[str]) -> None:
+    """SGLang's scheduler aborts every rid that starts with the one asked for: each call's rid is
+    its own, and none is a prefix of another (in sorted order a prefix sits right before a rid it
+    starts)."""
+    assert len(set(rids)) == len(rids), f"a rid was made twice: {sorted(rids)}"
+    ordered = sorted(rids)
+    clashes = [(a, b) for a, b in zip(ordered, ordered[1:]) if b.startswith(a)]
+    assert not clashes, f"rids that prefix another: {clashes}"
 
 
 def make_args(env: SlimeEnv, emulator: Emulator, **overrides: Any) -> SimpleNamespace:

@@ -34,6 +34,8 @@ from fastaccum.emulator import VLLM_ID_PREFIX, Emulator, writer
 from fastaccum.errors import SettingsError
 from fastaccum.vime import _generate, _modules
 
+NEW_RID = _generate.new_rid  # the adapter's own, which wired() records
+
 DOUBLE_ROOT = str(Path(__file__).resolve().parent)
 PROMPT = "alpha beta gamma delta epsilon zeta eta theta"
 LINES = ("request-abort", "stock")
@@ -378,7 +380,10 @@ def wired(env: VimeEnv) -> Iterator[Counter[int]]:
     env.reset()
     attempts: Counter[int] = Counter()
 
+    made: list[str] = []  # the adapter's own request ids, one per call (held to vLLM's rule at the end)
+
     def rid(sample: Any) -> str:
+        made.append(NEW_RID(sample))
         value = f"s{sample.index:03d}a{attempts[sample.index]:02d}"
         attempts[sample.index] += 1
         return value
@@ -390,6 +395,7 @@ def wired(env: VimeEnv) -> Iterator[Counter[int]]:
     patch.setattr(_generate, "new_rid", rid)
     try:
         yield attempts
+        assert len(set(made)) == len(made), f"a request id was made twice: {sorted(made)}"
     finally:
         patch.undo()
         env.reset()
