@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -31,6 +32,8 @@ __all__ = (
     "chunks",
     "payload",
     "run",
+    "run_with_clock",
+    "SkippingClock",
     "wait_until",
 )
 
@@ -40,6 +43,37 @@ PROMPT = [101, 102, 103, 104]
 
 def run(coro: Awaitable[T]) -> T:
     return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+class SkippingClock:
+    """Monotonic time a test moves forward at will: the event loop's timers (asyncio's, aiohttp's)
+    and fastaccum's request clock read it (``run_with_clock``), so a timeout is made to pass by
+    ``skip()`` instead of by waiting, whatever the machine's speed."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.monotonic() + self.offset
+
+    def skip(self, seconds: float) -> None:
+        self.offset += seconds
+
+
+def run_with_clock(coro: Awaitable[T], clock: SkippingClock) -> T:
+    """``run(coro)`` on a loop whose time is ``clock``'s, with fastaccum's request clock on it too."""
+    import fastaccum.transport.timing as timing
+
+    class Loop(asyncio.SelectorEventLoop):
+        def time(self) -> float:
+            return clock()
+
+    previous, timing.now = timing.now, clock
+    try:
+        with asyncio.Runner(loop_factory=Loop) as runner:
+            return runner.run(coro)  # type: ignore[arg-type]
+    finally:
+        timing.now = previous
 
 
 def payload(rid: str, n: int, **extra: Any) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import aiohttp
 import httpx
 import numpy as np
 import pytest
-from client_helpers import PROMPT, assert_matches, payload, run, wait_until
+from client_helpers import PROMPT, SkippingClock, assert_matches, payload, run, run_with_clock, wait_until
 
 from fastaccum import (
     ServerError,
@@ -151,14 +151,22 @@ def test_benign_faults_still_give_the_full_result(twin: ModuleType, incremental:
 
 
 def test_read_timeout_during_a_stall(twin: ModuleType) -> None:
+    clock = SkippingClock()
+
     async def main() -> None:
-        fault = {"kind": "stall", "seconds": 3, "at": 2}
-        async with Emulator() as url:
+        fault = {"kind": "stall", "seconds": 3600, "at": 2}
+        async with Emulator() as url, aiohttp.ClientSession(timeout=STREAM_TIMEOUT) as session:
+            stream = GenerateStream(
+                session, f"{url}/generate", payload("s-1", 10, fastaccum_fault=fault), read_timeout=60
+            )
+            task = asyncio.ensure_future(stream.run())
+            await wait_until(lambda: stream.events == 2)
+            clock.skip(61)  # the timeout passes without being waited for
             with pytest.raises(StreamTimeoutError, match="no bytes") as info:
-                await stream_once(url, payload("s-1", 10, fastaccum_fault=fault), read_timeout=0.2)
+                await asyncio.wait_for(task, 30)
         assert info.value.event_index == 2
 
-    run(main())
+    run_with_clock(main(), clock)
 
 
 def test_connection_refused_and_http_400(twin: ModuleType) -> None:
@@ -285,17 +293,16 @@ def test_abort_before_run_sends_nothing(twin: ModuleType) -> None:
 
 
 def test_abort_racing_the_terminal_event_returns_the_complete_result(twin: ModuleType) -> None:
-    emulator = Emulator(fault={"kind": "stall", "at": "done", "seconds": 5})
+    emulator = Emulator(fault={"kind": "stall", "at": "done", "seconds": 3600})
 
     async def main() -> StreamResult:
         async with emulator as url, aiohttp.ClientSession(timeout=STREAM_TIMEOUT) as session:
             stream = GenerateStream(session, f"{url}/generate", payload("race-1", 40))
             task = asyncio.create_task(stream.run())
             await wait_until(lambda: stream.tokens == 40)  # terminal fed, [DONE] held back by the server
-            started = asyncio.get_running_loop().time()
             stream.abort()
-            result = await task
-            assert asyncio.get_running_loop().time() - started < 1.0
+            # The server holds [DONE] back for an hour: only the abort can have ended the read.
+            result = await asyncio.wait_for(task, 30)
             await wait_until(lambda: emulator.stats.disconnects == 1)
             return result
 
@@ -440,8 +447,11 @@ def test_stream_consumer_abort_and_cancel(twin: ModuleType) -> None:
     gen = writer.synthetic_generation("g-1", 30)
     events = [writer.sse(e) for e in writer.stream_events(gen, writer.WireOptions(incremental=True))]
 
+    yielded: list[bytes] = []
+
     async def pieces(stop_after: int, hold_before_done: bool = False) -> AsyncIterator[bytes]:
         for event in events[:stop_after]:
+            yielded.append(event)
             yield event
             await asyncio.sleep(0)
         await asyncio.sleep(10 if hold_before_done or stop_after < len(events) else 0)
@@ -462,8 +472,9 @@ def test_stream_consumer_abort_and_cancel(twin: ModuleType) -> None:
         result = await task
         assert not result.aborted and result.finished and len(result) == 30
 
+        yielded.clear()
         task = asyncio.create_task(consume(pieces(5)))
-        await asyncio.sleep(0.02)
+        await wait_until(lambda: len(yielded) == 5)  # held before its sixth piece
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from client_helpers import Transport, assert_matches, payload, run, wait_until
+from client_helpers import SkippingClock, Transport, assert_matches, payload, run, run_with_clock, wait_until
 
 from fastaccum import ServerError, ShardError, StreamConnectionError, StreamTimeoutError, StreamTruncatedError
 from fastaccum.emulator import Emulator
@@ -153,16 +153,20 @@ def test_a_failure_after_the_first_event_is_never_sent_again(transport: Transpor
 def test_a_read_timeout_is_never_sent_again(transport: Transport) -> None:
     """The server may still hold a silent request: a second one would run beside it."""
     emulator = FlakyEmulator([])
+    clock = SkippingClock()
 
     async def main() -> None:
-        stall = {"kind": "stall", "seconds": 30, "at": 0}
+        stall = {"kind": "stall", "seconds": 3600, "at": 0}
         async with emulator as url, transport.open(url, **FAST) as make:
-            stream = make(payload("r-6", 4, fastaccum_fault=stall), retries=5, read_timeout=0.5)
+            stream = make(payload("r-6", 4, fastaccum_fault=stall), retries=5, read_timeout=60)
+            task = asyncio.ensure_future(stream.run())
+            await wait_until(lambda: stream.status == 200)  # the head came; then the silence
+            clock.skip(61)  # the timeout passes without being waited for
             with pytest.raises(StreamTimeoutError):
-                await stream.run()
+                await asyncio.wait_for(task, 30)
             assert stream.retries == 0
 
-    run(main())
+    run_with_clock(main(), clock)
     assert emulator.requests == 1
 
 

@@ -19,7 +19,18 @@ import numpy as np
 import pytest
 import uvloop
 from aiohttp import web
-from client_helpers import CHUNKED_HEAD, EVENTS, RawServer, Transport, assert_matches, chunks, payload, run
+from client_helpers import (
+    CHUNKED_HEAD,
+    EVENTS,
+    RawServer,
+    SkippingClock,
+    Transport,
+    assert_matches,
+    chunks,
+    payload,
+    run,
+    run_with_clock,
+)
 
 import fastaccum
 from fastaccum import (
@@ -313,15 +324,40 @@ def test_content_length_and_close_delimited_bodies(transport: Transport) -> None
 
 
 def test_read_timeout_during_a_stall(transport: Transport) -> None:
+    """The server goes silent after two events; once ``read_timeout`` passes (the clock is moved,
+    not waited for) the stream fails naming the event, keeping what arrived."""
+    clock = SkippingClock()
+
     async def main() -> None:
-        fault = {"kind": "stall", "seconds": 30, "at": 2}
+        fault = {"kind": "stall", "seconds": 3600, "at": 2}
         async with Emulator() as url, transport.open(url) as make:
-            stream = make(payload("st-1", 10, fastaccum_fault=fault), read_timeout=0.3)
+            stream = make(payload("st-1", 10, fastaccum_fault=fault), read_timeout=60)
+            task = asyncio.ensure_future(stream.run())
+            await wait_until(lambda: stream.events == 2)
+            clock.skip(61)
             with pytest.raises(StreamTimeoutError, match="no bytes") as info:
-                await stream.run()
+                await asyncio.wait_for(task, 30)
             assert info.value.event_index == 2 and len(stream.snapshot()) == 2
 
-    run(main())
+    run_with_clock(main(), clock)
+
+
+def test_no_read_timeout_before_its_time(transport: Transport) -> None:
+    """The same silence, the clock moved short of ``read_timeout``: the stream still waits, and
+    the server's next bytes end it normally."""
+    clock = SkippingClock()
+
+    async def main() -> StreamResult:
+        fault = {"kind": "stall", "seconds": 50, "at": 2}
+        async with Emulator() as url, transport.open(url) as make:
+            stream = make(payload("st-2", 10, fastaccum_fault=fault), read_timeout=60)
+            task = asyncio.ensure_future(stream.run())
+            await wait_until(lambda: stream.events == 2)
+            clock.skip(51)  # past the server's silence, not past the timeout
+            return await asyncio.wait_for(task, 30)
+
+    result = run_with_clock(main(), clock)
+    assert result.finished and len(result) == 10
 
 
 def test_a_refused_connection_says_refused_and_names_the_address_once(transport: Transport) -> None:
