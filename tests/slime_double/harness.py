@@ -273,6 +273,9 @@ class Wiring:
         return stream
 
 
+CURRENT: list[Wiring] = []  # the scenario's wiring, while it runs
+
+
 @contextlib.contextmanager
 def wired(env: SlimeEnv, emulator: Emulator) -> Iterator[Wiring]:
     env.reset()
@@ -281,6 +284,7 @@ def wired(env: SlimeEnv, emulator: Emulator) -> Iterator[Wiring]:
         SimpleNamespace(rollout_num_engines=1, sglang_server_concurrency=8, use_distributed_post=False)
     )
     wiring = Wiring(emulator)
+    CURRENT.append(wiring)
     _pools.POOLS.stats.close()  # counts start with the scenario
     patch = pytest.MonkeyPatch()
     patch.setattr(_generate, "new_rid", wiring.rid)
@@ -289,6 +293,7 @@ def wired(env: SlimeEnv, emulator: Emulator) -> Iterator[Wiring]:
         yield wiring
         check_rids(wiring.made)
     finally:
+        CURRENT.remove(wiring)
         patch.undo()
         env.reset()
 
@@ -478,10 +483,15 @@ def scenario_routed_experts_and_top_p(env: SlimeEnv, incremental: bool) -> None:
 
 
 async def _start_and_wait(emu: Emulator, coro: Any, tokens: int) -> asyncio.Task:
+    """Start ``coro`` and return once the server decoded ``tokens`` and the client holds some."""
     task = asyncio.get_running_loop().create_task(coro)
-    await wait_until(lambda: emu.stats.tokens >= tokens)
-    await asyncio.sleep(0.05)  # let the client read a few events
+    await wait_until(lambda: emu.stats.tokens >= tokens and client_holds_tokens())
     return task
+
+
+def client_holds_tokens() -> bool:
+    """A stream the current scenario opened has read tokens (its progress counter)."""
+    return any(stream.tokens for stream in CURRENT[-1].streams)
 
 
 def drains(env: SlimeEnv) -> bool:
@@ -582,8 +592,7 @@ def scenario_unrelated_cancellation_propagates(env: SlimeEnv) -> None:
             task = asyncio.get_running_loop().create_task(fs.generate(args, other, sampling_params(env, args)))
             if env.line == "request-abort":
                 state.cancellable_tasks.add(task)  # as slime's wrapper does, before the call starts
-            await wait_until(lambda: emu.stats.tokens >= 20)
-            await asyncio.sleep(0.05)
+            await wait_until(lambda: emu.stats.tokens >= 20 and client_holds_tokens())
             if env.line == "request-abort":  # what slime's abort() does to a registered task
                 state.aborted = True
                 state.cancellable_tasks.discard(task)

@@ -32,9 +32,11 @@ from aiohttp import web
 import fastaccum.vime as fv
 from fastaccum.emulator import VLLM_ID_PREFIX, Emulator, writer
 from fastaccum.errors import SettingsError
-from fastaccum.vime import _generate, _modules
+from fastaccum.vime import _generate, _modules, _pools
 
 NEW_RID = _generate.new_rid  # the adapter's own, which wired() records
+OPEN_STREAM = _pools.POOLS.open_stream  # likewise: the streams the scenario opened, in OPENED
+OPENED: list[Any] = []
 
 DOUBLE_ROOT = str(Path(__file__).resolve().parent)
 PROMPT = "alpha beta gamma delta epsilon zeta eta theta"
@@ -391,8 +393,15 @@ def wired(env: VimeEnv) -> Iterator[Counter[int]]:
     env.http_utils.init_http_client(
         SimpleNamespace(rollout_num_engines=1, vllm_server_concurrency=8, use_distributed_post=False)
     )
+    def open_stream(*args: Any, **kwargs: Any) -> Any:
+        stream = OPEN_STREAM(*args, **kwargs)
+        OPENED.append(stream)
+        return stream
+
+    OPENED.clear()
     patch = pytest.MonkeyPatch()
     patch.setattr(_generate, "new_rid", rid)
+    patch.setattr(_pools.POOLS, "open_stream", open_stream)
     try:
         yield attempts
         assert len(set(made)) == len(made), f"a request id was made twice: {sorted(made)}"
@@ -642,10 +651,22 @@ def scenario_rollout_abort_and_resume(env: VimeEnv, cancel_endpoint: bool) -> No
 
 
 async def _started(srv: Any, coro: Any, rid: str, tokens: int) -> asyncio.Task:
+    """Start ``coro`` and return once the server wrote ``tokens`` of ``rid`` and the client read
+    some (past its read window)."""
     task = asyncio.get_running_loop().create_task(coro)
-    await wait_until(lambda: srv.written(rid) >= tokens)
-    await asyncio.sleep(0.15)  # past the client's read window: the client holds some tokens
+    await wait_until(lambda: srv.written(rid) >= tokens and client_holds_tokens())
     return task
+
+
+def client_holds_tokens() -> bool:
+    """A stream the current scenario opened has read tokens (its progress counter)."""
+    return any(stream.tokens for stream in OPENED)
+
+
+def reader_holds_tokens(sample: Any) -> bool:
+    """fastaccum's stream read tokens, or vime's own reader wrote some onto ``sample`` (it writes
+    each chunk's tokens as they come)."""
+    return client_holds_tokens() or len(sample.tokens or ()) > len(prompt_ids())
 
 
 def scenario_server_abort_outside_rollout_abort(env: VimeEnv, shape: str) -> None:
@@ -905,8 +926,7 @@ def scenario_in_tree_server_abort_before_0_32(env: VimeEnv) -> None:
 
         async def run(generate: Any, sample: Any, rid: str) -> BaseException | None:
             task = asyncio.get_running_loop().create_task(generate(args, sample, sampling_params(env, args)))
-            await wait_until(lambda: srv.written(rid) >= 5)
-            await asyncio.sleep(0.15)
+            await wait_until(lambda: srv.written(rid) >= 5 and reader_holds_tokens(sample))
             assert srv.abort_now(rid) == 1
             try:
                 await task
