@@ -56,6 +56,25 @@ def _wait_for_a_child_of(pid: int) -> int:
     raise AssertionError(f"process {pid} started no child")
 
 
+def _has_a_connection(pid: int) -> bool:
+    """Process ``pid`` holds an established TCP connection (its sockets' inodes, looked up in the
+    kernel's TCP tables)."""
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            for line in list(f)[1:]:
+                fields = line.split()
+                if fields[3] == "01" and fields[9] in inodes:  # 01: ESTABLISHED
+                    return True
+    return False
+
+
 @contextlib.contextmanager
 def _sigint_left(state: str) -> Iterator[None]:
     """This process's SIGINT as a launcher may leave it to the tests (and they to their children)."""
@@ -144,7 +163,10 @@ def test_demo_whose_emulator_dies_says_so_instead_of_reporting_mismatches() -> N
     )
     try:
         child = _wait_for_a_child_of(demo.pid)
-        time.sleep(2)  # streaming by now (a slow start is reported the same way)
+        deadline = time.monotonic() + TIMEOUT_S
+        while not _has_a_connection(child):  # the demo streams from it now
+            assert time.monotonic() < deadline, "the demo never connected to its emulator"
+            time.sleep(0.01)
         os.kill(child, signal.SIGKILL)  # as the kernel's OOM killer would
         out, err = demo.communicate(timeout=TIMEOUT_S)
     finally:
