@@ -49,7 +49,6 @@ def _check(reports: list, streams: int) -> None:
         for plan, (error, _) in LOAD.EXPECTED_ERRORS.items():
             expected[error.__name__] = expected.get(error.__name__, 0) + report.plans[plan]
         assert {k: report.outcomes.get(k, 0) for k in expected} == expected
-        assert report.slowest_error_s < LOAD.ERROR_BOUND_S
     rss = [r.rss_mib for r in reports]
     assert rss[-1] - rss[min(1, len(rss) - 1)] < RSS_GROWTH_LIMIT_MIB, rss
 

@@ -84,7 +84,9 @@ EXPECTED_ERRORS: dict[str, tuple[type[StreamError], int | None]] = {
     "malformed_json": (StreamFormatError, None),
     "refused": (StreamConnectionError, None),
 }
-# A fault must surface within this many seconds of the stream's start (read_timeout included).
+# Run as a tool, a fault must surface within this many seconds of the stream's start (read_timeout
+# included); the report's slowest_error_s is the figure. The tests assert no time: they check each
+# fault's error and the prefix kept.
 ERROR_BOUND_S = 10.0
 
 
@@ -287,8 +289,6 @@ async def one_stream(
             failures.append(f"{rid} ({plan}): unexpected {exc!r}")
         elif expected[1] is not None and getattr(exc, "status", None) != expected[1]:
             failures.append(f"{rid} ({plan}): status {getattr(exc, 'status', None)}, not {expected[1]}")
-        if elapsed > ERROR_BOUND_S:
-            failures.append(f"{rid} ({plan}): error after {elapsed:.1f} s")
         prefix = stream.snapshot()
         if prefix.finished:
             failures.append(f"{rid} ({plan}): a failed stream's prefix is finished")
@@ -506,6 +506,10 @@ def main(argv: list[str] | None = None) -> int:
         print("FAIL", failure)
     if growth > args.rss_growth_mib:
         print(f"FAIL RSS grew {growth:.1f} MiB (limit {args.rss_growth_mib})")
+        return 1
+    slowest = max(r.slowest_error_s for r in reports)
+    if slowest > ERROR_BOUND_S:
+        print(f"FAIL a fault surfaced {slowest:.1f} s after its stream started (limit {ERROR_BOUND_S} s)")
         return 1
     return 1 if failures else 0
 
