@@ -341,5 +341,8 @@ def test_junk_after_done_keeps_the_events_before_it(transport: Transport) -> Non
     result, kept = run(outcome(transport, [CHUNKED_HEAD + chunked()[:-5] + b"zz\r\n"]))
     assert isinstance(result, StreamFormatError)
     if transport.kind == "aiohttp":
-        pytest.xfail("aiohttp drops the bytes it buffered before its parse error (docs/client.md)")
-    assert kept == FULL
+        # aiohttp drops the bytes it buffered before its parse error (docs/client.md): pinned, so
+        # that an aiohttp which keeps them shows here.
+        assert kept < FULL
+    else:
+        assert kept == FULL
