@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from live_helpers import LiveServers
+from live_helpers import MISSING_GOLDENS, LiveServers
 
 # Tests run grouped by the server they need, so that each starts once.
 _ORDER = {("vllm", None): 0, ("sglang", "cumulative"): 1, ("sglang", "incremental"): 2}
@@ -68,3 +68,10 @@ def sglang_mode(request: pytest.FixtureRequest) -> str:
 def sglang(live_servers: LiveServers, sglang_mode: str) -> Any:
     """The live SGLang 0.5.23 server, in each stream mode (``.url``, ``.incremental``)."""
     return live_servers.get("sglang", incremental=sglang_mode == "incremental")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """A machine whose CPU class has no engine goldens checks none of them: said once, in red,
+    after the run, not only as a skip among skips."""
+    for why in sorted(MISSING_GOLDENS):
+        terminalreporter.write_line(f"LIVE GOLDENS NOT CHECKED: {why}", red=True, bold=True)
