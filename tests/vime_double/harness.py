@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import importlib
 import inspect
+import os
 import re
 import sys
 import threading
@@ -40,7 +41,8 @@ OPENED: list[Any] = []
 
 DOUBLE_ROOT = str(Path(__file__).resolve().parent)
 PROMPT = "alpha beta gamma delta epsilon zeta eta theta"
-LINES = ("request-abort", "stock")
+LINES = ("request-abort", "stock", "pause")
+DOUBLE_LINE = "FASTACCUM_VIME_DOUBLE_LINE"  # the double's, each a real line's shape (vime/_line.py)
 # The emulator draws token ids below writer.synthetic_generation's vocab (it passes none): the
 # tokenizer stand-in has exactly that vocabulary, its last 1000 ids "special".
 VOCAB: int = inspect.signature(writer.synthetic_generation).parameters["vocab"].default
@@ -205,6 +207,9 @@ def vime_env(kind: str, root: str, line: str | None = None) -> Iterator[VimeEnv]
     _purge_vime()
     sys.path.insert(0, root)
     stubs = install_stubs()
+    if kind == "double":
+        assert line in LINES, line
+        os.environ[DOUBLE_LINE] = line  # read once, when the double's modules are imported
     try:
         try:  # the pause/resume line has no vime.backends at all
             server_control: Any = importlib.import_module("vime.backends.vllm_utils.server_control")
@@ -215,8 +220,7 @@ def vime_env(kind: str, root: str, line: str | None = None) -> Iterator[VimeEnv]
         from vime.utils.types import Sample
 
         if kind == "double":
-            assert line in LINES, line
-            vllm_rollout.REQUEST_ABORT = line == "request-abort"
+            assert real_line(vllm_rollout) == line, (real_line(vllm_rollout), line)
         else:
             line = real_line(vllm_rollout)
         env = VimeEnv(kind, root, line, vllm_rollout, misc, http_utils, async_utils, server_control, Sample)
@@ -226,6 +230,7 @@ def vime_env(kind: str, root: str, line: str | None = None) -> Iterator[VimeEnv]
             env.run(http_utils._http_client.aclose())
             http_utils._http_client = None
     finally:
+        os.environ.pop(DOUBLE_LINE, None)
         sys.path.remove(root)
         _purge_vime()
         for name in stubs:
@@ -249,7 +254,9 @@ class VimeEmulator(Emulator):
     - ``cancel_endpoint=False``: a vLLM without the RL dev API, both abort endpoints 404;
     - ``holds[request_id] = s``: the request reaches the emulator ``s`` seconds late (queued
       before the server: no token until then; its client leaving ends the wait);
-    - the bodies received: ``payloads``/``headers`` (generate), ``abort_bodies`` (the aborts served).
+    - the bodies received: ``payloads``/``headers`` (generate), ``abort_bodies`` (the aborts served);
+    - ``abort_lag_polls = n``: a worker slow to end its requests: an abort of every request (``/abort_requests
+      {}``, ``/pause?mode=abort``) takes effect once ``/load`` was asked n times after it.
     """
 
     def __init__(self, *, cancel_endpoint: bool = True, **options: Any) -> None:
@@ -262,6 +269,18 @@ class VimeEmulator(Emulator):
         self.pauses: list[str] = []
         self.resumes = 0
         self.loop: asyncio.AbstractEventLoop | None = None
+        # A worker slow to end its requests: an abort of every request takes effect only once
+        # /load has been asked this many times after it (0: at once).
+        self.abort_lag_polls = 0
+        self.load_polls = 0
+        self._deferred_at: int | None = None
+
+    def abort(self, rid: str = "", *, abort_all: bool = False) -> int:
+        if abort_all and self.abort_lag_polls:
+            if self._deferred_at is None:
+                self._deferred_at = self.load_polls
+            return self.running + self.queued
+        return super().abort(rid, abort_all=abort_all)
 
     def make_app(self) -> web.Application:
         app = super().make_app()
@@ -289,6 +308,11 @@ class VimeEmulator(Emulator):
 
     @web.middleware
     async def _observe(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path == "/load":
+            self.load_polls += 1
+            if self._deferred_at is not None and self.load_polls - self._deferred_at >= self.abort_lag_polls:
+                self._deferred_at = None
+                super().abort(abort_all=True)  # the slow worker ends its requests now
         if request.method == "POST":
             try:  # read() keeps the bytes: the emulator's handler reads the same body
                 body = orjson.loads(await request.read() or b"{}")
@@ -393,6 +417,7 @@ def wired(env: VimeEnv) -> Iterator[Counter[int]]:
     env.http_utils.init_http_client(
         SimpleNamespace(rollout_num_engines=1, vllm_server_concurrency=8, use_distributed_post=False)
     )
+
     def open_stream(*args: Any, **kwargs: Any) -> Any:
         stream = OPEN_STREAM(*args, **kwargs)
         OPENED.append(stream)
@@ -833,6 +858,29 @@ def scenario_own_rollout_function(env: VimeEnv) -> None:
     assert seen == [fv.request_abort] and env.rollout.abort is not fv.request_abort
 
 
+def scenario_server_wide_abort_waits_until_idle(env: VimeEnv) -> None:
+    """Each line's server-wide abort (until idle; abort_inflight_requests, then /load; pause with
+    mode=abort, then /load, then /resume) returns only once the worker is idle, also when it takes
+    a few /load polls to end its requests; the call it ended comes back ABORTED with its prefix."""
+    with server_thread(token_rate=400) as srv, wired(env):
+        args = make_args(env, srv, rollout_max_response_len=100_000)
+        sample = new_sample(env)
+
+        async def main() -> int:
+            task = await _started(srv, fv.generate(args, sample, sampling_params(env, args)), "s000a00", 5)
+            paused = fv._modules.modules().server_abort == "pause"
+            srv.abort_lag_polls = 2
+            polls = srv.load_polls
+            await fv._pools.FRAMEWORK.server_abort(args, [srv.url])
+            assert srv.running == 0 and srv.load_polls - polls >= 2  # it waited, asking /load
+            await task
+            assert srv.resumes == (1 if paused else 0)  # a paused worker takes requests again
+            return srv.resumes
+
+        env.run(main())
+    assert sample.status == env.Sample.Status.ABORTED and sample.response_length > 0
+
+
 SCENARIOS: list[tuple[Any, dict[str, Any]]] = [
     (scenario_complete, {"skip_special_tokens": False}),
     (scenario_complete, {"skip_special_tokens": True}),
@@ -846,6 +894,7 @@ SCENARIOS: list[tuple[Any, dict[str, Any]]] = [
     (scenario_budget_and_headers, {}),
     (scenario_register_then_check, {}),
     (scenario_own_rollout_function, {}),
+    (scenario_server_wide_abort_waits_until_idle, {}),
 ]
 
 

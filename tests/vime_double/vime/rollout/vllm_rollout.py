@@ -1,26 +1,31 @@
 """Double of vime.rollout.vllm_rollout: the rollout loop the adapter runs in (tests/vime_double/README.md).
 
-``REQUEST_ABORT`` picks the vime line: True models 2b83ea20 (``cancellable_tasks``: ``abort()``
+The line (vime._line) decides ``abort()``: on request-abort (2b83ea20, ``cancellable_tasks``) it
 cancels the task running each request-abortable sample, aborts server-wide only while counted
-generations run, buffers only groups that kept a prefix, does not wait for the servers); False
-models 052693a8 (``abort()`` aborts every worker server-wide until idle and buffers every pending
-group).
+generations run, buffers only groups that kept a prefix and does not wait for the servers; on
+stock (052693a8) it aborts every worker's in-flight requests, again every sweep interval while
+groups are pending, and buffers every pending group; on pause (edbcb4c9) it pauses every worker
+with ``mode=abort``, waits for the pending groups, buffers every one and resumes the workers.
 """
 
 import asyncio
+import importlib
 import inspect
 import uuid
 
 from transformers import AutoTokenizer
 
-from vime.backends.vllm_utils.server_control import abort_servers_until_idle
+from vime._line import LINE
 from vime.rollout.base_types import RolloutFnTrainOutput
 from vime.utils.async_utils import AsyncPacer, run
-from vime.utils.http_utils import get, get_rollout_num_engines
+from vime.utils.http_utils import get, get_rollout_num_engines, post
 from vime.utils.misc import SingletonMeta, load_function
 from vime.utils.types import Sample
 
-REQUEST_ABORT = True
+REQUEST_ABORT = LINE == "request-abort"
+# The pause line has no vime.backends at all.
+server_control = None if LINE == "pause" else importlib.import_module("vime.backends.vllm_utils.server_control")
+RESWEEP_INTERVAL_S = 0.05  # the stock line re-sweeps every 3 s while groups are pending
 
 
 def _coerce_flat_int_token_ids(ids):
@@ -95,26 +100,27 @@ class GenerateState(metaclass=SingletonMeta):
         self.remaining_batch_size += len(samples)
 
 
-async def _run_request_abortable_generate(state, sample, call):
-    task = asyncio.current_task()
-    state.cancellable_tasks.add(task)
-    try:
-        return await call
-    except asyncio.CancelledError:
-        if task in state.cancellable_tasks:
-            raise
-        sample.status = Sample.Status.ABORTED
-        return sample
-    finally:
-        state.cancellable_tasks.discard(task)
+if REQUEST_ABORT:  # what tells 2b83ea20 apart (tests/vime_double/harness.py, real_line)
 
+    async def _run_request_abortable_generate(state, sample, call):
+        task = asyncio.current_task()
+        state.cancellable_tasks.add(task)
+        try:
+            return await call
+        except asyncio.CancelledError:
+            if task in state.cancellable_tasks:
+                raise
+            sample.status = Sample.Status.ABORTED
+            return sample
+        finally:
+            state.cancellable_tasks.discard(task)
 
-async def _run_server_abort_generate(state, call):
-    state.active_server_generations += 1
-    try:
-        return await call
-    finally:
-        state.active_server_generations -= 1
+    async def _run_server_abort_generate(state, call):
+        state.active_server_generations += 1
+        try:
+            return await call
+        finally:
+            state.active_server_generations -= 1
 
 
 async def generate_and_rm(args, sample, sampling_params, evaluation=False):
@@ -158,6 +164,18 @@ async def generate_and_rm_group(args, group, sampling_params, evaluation=False):
     return list(await asyncio.gather(*tasks))
 
 
+async def _worker_urls(args):
+    response = await get(f"http://{args.vllm_router_ip}:{args.vllm_router_port}/workers")
+    return [worker["url"] for worker in response["workers"]]
+
+
+if LINE == "pause":
+
+    async def _resume_vllm_workers(urls):
+        """``POST /resume`` on each worker after ``pause?mode=abort``."""
+        await asyncio.gather(*(post(f"{url.rstrip('/')}/resume", {}, max_retries=3) for url in urls))
+
+
 async def abort(args, rollout_id):
     state = GenerateState(args)
     assert not state.aborted
@@ -168,13 +186,22 @@ async def abort(args, rollout_id):
         state.cancellable_tasks.difference_update(cancelled)
         for task in cancelled:
             task.cancel()
-    if not REQUEST_ABORT or state.active_server_generations > 0:
-        response = await get(f"http://{args.vllm_router_ip}:{args.vllm_router_port}/workers")
-        await abort_servers_until_idle([w["url"] for w in response["workers"]])
+    urls = []
+    if REQUEST_ABORT and state.active_server_generations > 0:
+        await server_control.abort_servers_until_idle(await _worker_urls(args))
+    elif LINE == "stock" and state.pendings:
+        urls = await _worker_urls(args)
+        await server_control.abort_inflight_requests(urls)
+    elif LINE == "pause" and state.pendings:
+        urls = await _worker_urls(args)
+        await asyncio.gather(*(post(f"{url.rstrip('/')}/pause?mode=abort", {}, max_retries=3) for url in urls))
     await asyncio.gather(*cancelled, return_exceptions=True)
     groups = []
     while state.pendings:
-        done, state.pendings = await asyncio.wait(state.pendings, return_when=asyncio.FIRST_COMPLETED)
+        timeout = RESWEEP_INTERVAL_S if LINE == "stock" else None
+        done, state.pendings = await asyncio.wait(state.pendings, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if LINE == "stock" and state.pendings:  # a late straggler (a second turn) is aborted too
+            await server_control.abort_inflight_requests(urls)
         if not args.partial_rollout:
             continue
         for task in done:
@@ -185,6 +212,8 @@ async def abort(args, rollout_id):
                 if sample.response and "start_rollout_id" not in sample.metadata:
                     sample.metadata["start_rollout_id"] = rollout_id
             groups.append(group)
+    if LINE == "pause" and urls:
+        await _resume_vllm_workers(urls)
     return groups
 
 

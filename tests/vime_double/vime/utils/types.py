@@ -1,7 +1,9 @@
-"""Double of vime.utils.types: ``Sample`` with the fields and the ``append_response_tokens`` /
-``_apply_meta_info`` rules the adapter relies on (loss mask, log-probs, top-p CSR merge, routed
-experts reshaped to (len(tokens) - 1, layers, topk), weight versions, prefix-cache info, status
-from the finish type), with vime's length checks."""
+"""Double of vime.utils.types: ``Sample`` with the fields and rules the adapter relies on, per
+line (vime._line). On request-abort and stock: ``append_response_tokens`` / ``_apply_meta_info``
+(loss mask, log-probs, top-p CSR merge, routed experts reshaped to (len(tokens) - 1, layers,
+topk), weight versions, prefix-cache info, status from the finish type), with vime's length
+checks. On pause: ``update_from_meta_info`` alone (prefix-cache info, the meta's weight version,
+status from the finish type) and no top-p fields; its generate writes the tokens itself."""
 
 from dataclasses import dataclass, field
 from enum import Enum
@@ -9,11 +11,12 @@ from typing import Any
 
 import torch
 
+from vime._line import LINE
 from vime.utils.misc import decode_int32_meta_array
 
 
 @dataclass
-class Sample:
+class _Sample:
     group_index: int | None = None
     index: int | None = None
     prompt: Any = ""
@@ -27,8 +30,6 @@ class Sample:
     loss_mask: list | None = None
     weight_versions: list = field(default_factory=list)
     rollout_log_probs: list | None = None
-    rollout_top_p_token_ids: Any = None
-    rollout_top_p_token_offsets: Any = None
     rollout_routed_experts: Any = None
 
     class Status(Enum):
@@ -54,6 +55,24 @@ class Sample:
             self.total_prompt_tokens += meta_info.get("prompt_tokens", 0)
 
     prefix_cache_info: PrefixCacheInfo = field(default_factory=PrefixCacheInfo)
+
+    def update_from_meta_info(self, args, meta_info):
+        """What the pause line's Sample takes from a finished call's meta (its generate wrote the
+        tokens, log-probs and routed experts itself)."""
+        self.prefix_cache_info.add(meta_info)
+        if "weight_version" in meta_info:
+            self.weight_versions.append(meta_info["weight_version"])
+        self.status = {
+            "length": Sample.Status.TRUNCATED,
+            "abort": Sample.Status.ABORTED,
+            "stop": Sample.Status.COMPLETED,
+        }.get(meta_info["finish_reason"]["type"], self.status)
+
+
+@dataclass
+class _AppendingSample(_Sample):
+    rollout_top_p_token_ids: Any = None
+    rollout_top_p_token_offsets: Any = None
 
     def append_response_tokens(
         self,
@@ -136,3 +155,7 @@ class Sample:
         offsets = self.rollout_top_p_token_offsets
         if offsets is not None and len(offsets) != self.response_length + 1:
             raise ValueError("rollout_top_p_token_offsets length must equal response_length + 1")
+
+
+Sample = _Sample if LINE == "pause" else _AppendingSample
+Sample.__name__ = Sample.__qualname__ = "Sample"
