@@ -9,6 +9,7 @@
     nox -s pure       the pure-Python build alone (FASTACCUM_NO_EXTENSIONS=1)
     nox -s sanitize   the core's suite and the fuzz corpus under AddressSanitizer + UBSan
     nox -s bench      the core benchmarks and the regression gate against the committed baseline
+    nox -s mutate     one-line mutations of behaviours that matter, and which the fast tier kills
     nox -s wheels     the sdist and repaired wheels, each tested as users install it
     nox -s full       exactly what CI runs (tools/test.sh)
 
@@ -135,6 +136,15 @@ def bench(session: nox.Session) -> None:
     """Speed is judged by ratios against baselines timed in the same run, never by timed tests."""
     _install(session, "bench,test")
     session.run("python", "-P", "benchmarks/regress.py", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def mutate(session: nox.Session) -> None:
+    """One-line mutations of behaviours that matter, each judged by the fast tier on the pure twin
+    (tools/mutate.py; ``nox -s mutate -- --independent`` without the twin-agreement tests)."""
+    _install(session)
+    session.install("pytest-xdist>=3")
+    session.run("python", "tools/mutate.py", *session.posargs, "--", "-n", "auto")
 
 
 @nox.session(python=False)
