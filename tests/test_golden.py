@@ -3,8 +3,10 @@
 The goldens in tests/golden/<sglang version>/ were produced by tools/sglang_ref/generate_goldens.py
 running SGLang's real tokenizer manager, detokenizer and HTTP app (see tools/sglang_ref/README.md).
 Their manifest holds what each stream must parse to, computed from the token source alone. The
-``sglang_live`` tier regenerates them from an installed SGLang and fails on any byte of
-difference; it runs only when FASTACCUM_SGLANG_PYTHON names that venv's python.
+live SGLang tier regenerates 0.5.23's from the SGLang it installs and fails on any byte of
+difference (tests/live/test_regenerate.py); the ``sglang_live`` test here does the same for any
+version's venv built by hand (0.5.15.post1: tools/sglang_ref/setup_venv.sh), and runs only when
+FASTACCUM_SGLANG_PYTHON names that venv's python.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -82,6 +85,37 @@ MANIFEST_CASES = _params(ALL_CASES, {})
 COMPARABLE = [case for case in ALL_CASES if case[2]["emulator_comparable"]]
 EMULATOR_CASES = _params(COMPARABLE, WIRE_DIFFERENCES)
 PARSE_CASES = _params(COMPARABLE, {})
+
+
+# Where the goldens' stream counts are written down: each "`tests/golden/<folder>/` (<n> streams)"
+# (or "(<n>)") must be the number of .sse files in that folder.
+COUNTED_IN = (
+    ROOT / "tools" / "sglang_ref" / "README.md",
+    ROOT / "tools" / "vllm_ref" / "README.md",
+    ROOT / "docs" / "live.md",
+    *sorted(GOLDEN.glob("*/README*")),
+)
+_COUNT = re.compile(r"`tests/golden/([^`/]+)/`\s*\((\d+)(?: streams?)?\)")
+
+
+@pytest.mark.parametrize("doc", COUNTED_IN, ids=lambda p: str(p.relative_to(ROOT)))
+def test_documented_golden_counts_are_the_files(doc: Path) -> None:
+    counts = _COUNT.findall(doc.read_text())
+    assert counts or doc.parent.parent == GOLDEN, f"{doc.relative_to(ROOT)} counts no goldens any more"
+    wrong = [
+        f"{folder}: {n} written, {len(list((GOLDEN / folder).glob('*.sse')))} files"
+        for folder, n in counts
+        if len(list((GOLDEN / folder).glob("*.sse"))) != int(n)
+    ]
+    assert not wrong, f"{doc.relative_to(ROOT)} miscounts: {wrong}"
+
+
+def test_reference_readmes_count_every_golden_folder() -> None:
+    """Each generator's README counts the streams of every version folder it wrote."""
+    for readme, prefix in (("sglang_ref", r"\d"), ("vllm_ref", "vllm-")):
+        counted = {folder for folder, _ in _COUNT.findall((ROOT / "tools" / readme / "README.md").read_text())}
+        folders = {p.name for p in GOLDEN.iterdir() if p.is_dir() and re.match(prefix, p.name)}
+        assert folders and folders <= counted, f"tools/{readme}/README.md counts no streams for {folders - counted}"
 
 
 def test_goldens_present_and_small() -> None:
@@ -322,32 +356,20 @@ def test_emulator_stream_parses_like_golden(impl: ModuleType, version: str, name
             np.testing.assert_array_equal(getattr(ours, key), getattr(theirs, key))
 
 
-# ---- live tier: regenerate from SGLang's code -------------------------------------------------
+# ---- regenerate from SGLang's code, in a venv built by hand ------------------------------------
 @pytest.mark.sglang_live
 def test_sglang_regenerates_committed_goldens(tmp_path: Path) -> None:
-    """SGLang's own code, run now, writes the committed goldens byte for byte."""
+    """SGLang's own code, run now, writes the committed goldens byte for byte. The live SGLang
+    tier runs this for 0.5.23 in its own venv (tests/live/test_regenerate.py); here, for the venv
+    FASTACCUM_SGLANG_PYTHON names (tools/sglang_ref/setup_venv.sh 0.5.15.post1 prints it)."""
     python = os.environ.get("FASTACCUM_SGLANG_PYTHON")
     if not python:
         pytest.skip("FASTACCUM_SGLANG_PYTHON is not set (tools/sglang_ref/setup_venv.sh prints it)")
-    proc = subprocess.run(
-        [python, str(GENERATOR), "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    (out_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
-    committed = GOLDEN / out_dir.name
-    assert committed.is_dir(), (
-        f"no committed goldens for SGLang {out_dir.name}: add them with "
-        f"{python} {GENERATOR.relative_to(ROOT)} --out tests/golden"
-    )
-    fresh = {p.name: p.read_bytes() for p in out_dir.iterdir()}
-    kept = {p.name: p.read_bytes() for p in committed.iterdir()}
-    assert sorted(fresh) == sorted(kept)
-    changed = [name for name in sorted(fresh) if fresh[name] != kept[name]]
-    assert not changed, f"SGLang {out_dir.name} now writes different bytes for: {changed}"
+    from live_helpers import regenerate_goldens
+
+    stubs = ROOT / "tools" / "sglang_ref" / "stubs"
+    version, differences = regenerate_goldens(python, GENERATOR, GOLDEN, tmp_path, pythonpath=(stubs,))
+    assert not differences, f"SGLang {version} now writes:\n" + "\n".join(differences)
 
 
 def test_dynamo_goldens_regenerate_byte_for_byte() -> None:

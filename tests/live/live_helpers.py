@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -24,6 +26,7 @@ __all__ = (
     "in_thread",
     "post_json",
     "post_raw",
+    "regenerate_goldens",
 )
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools" / "live"
@@ -105,6 +108,42 @@ def get_json(url: str, *, timeout: float = 30) -> Any:
 
 async def in_thread(function: Any, *args: Any, **kwargs: Any) -> Any:
     return await asyncio.to_thread(function, *args, **kwargs)
+
+
+# ---- goldens re-derived by the engines' own output code ---------------------------------------
+
+
+def regenerate_goldens(
+    python: Path | str, generator: Path, golden: Path, out: Path, *, pythonpath: tuple[Path, ...] = ()
+) -> tuple[str, list[str]]:
+    """Run a golden generator (tools/sglang_ref or tools/vllm_ref ``generate_goldens.py``) with an
+    engine venv's ``python``, writing under ``out``; return the folder it wrote (named after the
+    engine's version) and why that folder is not ``golden``'s of that name byte for byte: each
+    file only one of them has, and each file that differs, with the bytes around its first
+    difference. The generator's ``PYTHONPATH`` is ``pythonpath`` alone (not this process's), and
+    it leaves no bytecode in the checkout."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(str(path) for path in pythonpath)
+    command = [str(python), str(generator), "--out", str(out)]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900, check=False)
+    assert proc.returncode == 0, f"{' '.join(command)} failed:\n{proc.stderr[-4000:]}"
+    (fresh,) = [path for path in out.iterdir() if path.is_dir()]
+    committed = golden / fresh.name
+    if not committed.is_dir():
+        return fresh.name, [f"no committed {committed}: {python} {generator} --out {golden} writes it"]
+    new = {path.name: path.read_bytes() for path in fresh.iterdir() if path.is_file()}
+    old = {path.name: path.read_bytes() for path in committed.iterdir() if path.is_file()}
+    found = [f"{name}: written now, not committed" for name in sorted(new.keys() - old.keys())]
+    found += [f"{name}: committed, not written now" for name in sorted(old.keys() - new.keys())]
+    for name in sorted(new.keys() & old.keys()):
+        a, b = new[name], old[name]
+        if a != b:
+            at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            near = slice(max(at - 60, 0), at + 60)
+            found.append(f"{name}, byte {at}: {a[near]!r} (now) != {b[near]!r} (committed)")
+    return fresh.name, found
 
 
 # ---- the model's own tokenizer, for the frameworks' rollout loops ------------------------------
