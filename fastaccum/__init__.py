@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fastaccum._core.resume import join, resume_payload
 from fastaccum._impl import IMPLEMENTATION, StreamAccumulator, accumulate
 from fastaccum._version import __version__
 from fastaccum.errors import (
@@ -36,6 +37,9 @@ __all__ = (
     "GenerateStream",
     "consume",
     "Client",
+    "parse_response",
+    "resume_payload",
+    "join",
     "__version__",
 )
 
@@ -45,6 +49,7 @@ _TRANSPORTS = {
     "Client": "fastaccum.transport.client",  # owns its connections (httptools)
     "GenerateStream": "fastaccum.transport.aiohttp_stream",  # on an aiohttp session
     "consume": "fastaccum.transport.consumer",  # any async byte iterator
+    "parse_response": "fastaccum.transport.body",  # a whole non-streaming answer
 }
 
 

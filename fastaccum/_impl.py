@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import sys
 from types import ModuleType, TracebackType
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-__all__ = ("IMPLEMENTATION", "StreamAccumulator", "accumulate")
+__all__ = ("IMPLEMENTATION", "StreamAccumulator", "accumulate", "chunked_decoder")
 
 _NO_EXTENSIONS = os.environ.get("FASTACCUM_NO_EXTENSIONS", "") not in ("", "0")
 _REQUIRE_EXTENSIONS = os.environ.get("FASTACCUM_REQUIRE_EXTENSIONS") == "1"
@@ -101,6 +101,15 @@ def _refusal(message: str) -> ImportError:
 def _in_source_tree() -> bool:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return all(os.path.exists(os.path.join(root, part)) for part in ("setup.py", "src_cython", "python"))
+
+
+def chunked_decoder() -> Any:
+    """The chunked decoder as the pure twin runs it (python/chunked.py, the one source both twins
+    build): what reads a non-streaming body (fastaccum.transport.body) hands it a data sink of its
+    own, which the compiled build's typed decoder, made for its framer, cannot take."""
+    from fastaccum._py.chunked import ChunkedDecoder
+
+    return ChunkedDecoder()
 
 
 IMPLEMENTATION: Literal["cython", "python"]

@@ -37,8 +37,9 @@ from fastaccum._core.dialects import check_dialect
 from fastaccum._impl import StreamAccumulator
 from fastaccum.errors import ShardError
 from fastaccum.result import StreamResult
-from fastaccum.transport.client import Client, ClientStream, _check_drain
+from fastaccum.transport.client import Client, ClientStream
 from fastaccum.transport.consumer import routed_start_of
+from fastaccum.transport.request import check_drain
 
 __all__ = (
     "ShardedClient",
@@ -248,7 +249,7 @@ class ShardedClient:
         """One streaming request, as ``Client.stream()`` takes it (nothing is sent before
         ``run()``); it runs on the shard with the fewest streams when ``run()`` starts."""
         if "abort_drain_s" in options:
-            _check_drain(options["abort_drain_s"])
+            check_drain(options["abort_drain_s"])
         if options.get("dialect") is not None:
             check_dialect(options["dialect"])
         return ShardStream(self, dict(payload), options)

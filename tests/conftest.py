@@ -8,11 +8,18 @@ import pytest
 from client_helpers import Transport
 
 import fastaccum.transport.aiohttp_stream
+import fastaccum.transport.body
 import fastaccum.transport.client
 import fastaccum.transport.consumer
+import fastaccum.transport.request
 
 # Each transport module names the twin its streams feed (StreamConsumer._new_accumulator).
-TRANSPORT_MODULES = (fastaccum.transport.consumer, fastaccum.transport.aiohttp_stream, fastaccum.transport.client)
+TRANSPORT_MODULES = (
+    fastaccum.transport.consumer,
+    fastaccum.transport.aiohttp_stream,
+    fastaccum.transport.request,
+    fastaccum.transport.body,
+)
 
 
 @pytest.fixture

@@ -47,6 +47,7 @@ import fastaccum
 import fastaccum.transport.aiohttp_stream
 import fastaccum.transport.client
 import fastaccum.transport.consumer
+import fastaccum.transport.request
 from fastaccum.emulator import ABORT_REASON, Emulator
 from fastaccum.errors import (
     ServerError,
@@ -436,7 +437,7 @@ def run(
 
         accumulator = _cy.StreamAccumulator
     # Each transport module names the twin its streams feed.
-    transports = (fastaccum.transport.consumer, fastaccum.transport.aiohttp_stream, fastaccum.transport.client)
+    transports = (fastaccum.transport.consumer, fastaccum.transport.aiohttp_stream, fastaccum.transport.request)
     saved = [module.StreamAccumulator for module in transports]
     for module in transports:
         module.StreamAccumulator = accumulator  # type: ignore[misc]

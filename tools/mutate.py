@@ -189,7 +189,7 @@ MUTATIONS = (
     # ---- transports ------------------------------------------------------------------------------
     Mutation(
         "drain-resend-at-first-event",
-        "fastaccum/transport/client.py",
+        "fastaccum/transport/request.py",
         "                    self._drain.resend(self._server_ids())",
         "                    pass",
         "an abort sent before the server held the request is sent again at its first event",

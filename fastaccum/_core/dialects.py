@@ -59,6 +59,7 @@ __all__ = (
     "chunk_text",
     "read_chunk_logprobs",
     "route_hint",
+    "answers_several",
     "chunk_arrays",
     "npy_array",
 )
@@ -75,13 +76,29 @@ class DialectRequest(NamedTuple):
 
     path: str  # the default path
     rid: str | None  # the request's id (None: a batch's list, which cannot be aborted alone)
-    body: Mapping[str, Any]  # the JSON body, "stream": true included
+    body: Mapping[str, Any]  # the JSON body, "stream" included
     drains: bool  # the server may have a per-request abort to read on after (tried, not assumed)
     abort_ids: tuple[str, ...]  # what the server's abort knows the request by (none: it cannot be named)
+    streams: bool = True  # False: the payload asked for one non-streaming answer ("stream": false)
 
 
 _PATHS = {SGLANG: "/generate", DYNAMO: "/generate", VLLM: "/inference/v1/generate"}
 _ID_KEYS = {SGLANG: "rid", DYNAMO: "rid", VLLM: "request_id"}
+
+
+def answers_several(dialect: str, payload: Mapping[str, Any]) -> bool:
+    """The payload asks for several answers in one body: SGLang's batch (``input_ids`` a list of
+    lists, ``text`` or ``sampling_params`` a list) or ``n > 1`` (either server)."""
+    params = payload.get("sampling_params")
+    if isinstance(params, list):
+        return True
+    n = params.get("n", 1) if isinstance(params, Mapping) else 1
+    if isinstance(n, int) and n > 1:
+        return True
+    if dialect == VLLM:
+        return False
+    ids, text = payload.get("input_ids"), payload.get("text")
+    return (isinstance(ids, list) and bool(ids) and isinstance(ids[0], list)) or isinstance(text, list)
 
 
 def route_hint(dialect: str, status: int) -> str:
@@ -109,21 +126,25 @@ def request_for(
     """The request for ``payload`` (the server's own request keys): its id (the payload's, else
     ``new_id()`` added to it; None: none added) and the keys streaming needs. vLLM counts the
     tokens it sends only in a usage chunk, which ``stream_options.include_usage`` asks for: the
-    accumulator checks it. ``headers``: the request's HTTP headers, for the id vLLM runs it under
-    (an ``X-Request-Id`` replaces the body's)."""
+    accumulator checks it. A payload with ``"stream": false`` asks for one non-streaming answer
+    and is sent so (Dynamo's frontend has none). ``headers``: the request's HTTP headers, for the
+    id vLLM runs it under (an ``X-Request-Id`` replaces the body's)."""
     check_dialect(dialect)
     if dialect == VLLM and "token_ids" not in payload and ("input_ids" in payload or "text" in payload):
         given = "input_ids" if "input_ids" in payload else "text"
         raise ValueError(f"vLLM's /inference/v1/generate takes token_ids (a list of ints), not {given}")
     if dialect == DYNAMO and "input_ids" not in payload and "text" in payload:
         raise ValueError("Dynamo's /generate takes input_ids (a list of ints), not text: it has no tokenizer")
+    streams = payload.get("stream", True) is not False
+    if not streams and dialect == DYNAMO:
+        raise ValueError("Dynamo's /generate streams only (its frontend answers 501 to stream: false)")
     key = _ID_KEYS[dialect]
     rid = payload.get(key)
     body = dict(payload)
     if rid is None and new_id is not None:
         rid = body[key] = new_id()
-    body["stream"] = True
-    if dialect == VLLM:
+    body["stream"] = streams
+    if dialect == VLLM and streams:
         options = body.get("stream_options")
         body["stream_options"] = {**(options if isinstance(options, Mapping) else {}), "include_usage": True}
     rid = rid if isinstance(rid, str) else None
@@ -132,7 +153,7 @@ def request_for(
         header = next((v for k, v in (headers or {}).items() if k.lower() == "x-request-id"), None)
         abort_ids = vllm_abort_ids(header if header is not None else rid)
     # Dynamo has no abort endpoint; vLLM has one from 0.32 (and with --tokens-only before).
-    return DialectRequest(_PATHS[dialect], rid, body, dialect != DYNAMO, abort_ids)
+    return DialectRequest(_PATHS[dialect], rid, body, dialect != DYNAMO, abort_ids, streams)
 
 
 def vllm_abort_ids(request_id: str | None) -> tuple[str, ...]:

@@ -89,6 +89,7 @@ class GenerateStream(StreamConsumer):
             require_routed_experts=require_routed_experts,
             retries=retries,
             retry_max_delay_s=retry_max_delay_s,
+            body=not request.streams,
         )
         self._session = session
         self._dialect = dialect

@@ -8,46 +8,30 @@ per HTTP chunk. Streams keep ``GenerateStream``'s contract (both are ``StreamCon
 the caller's own cancel. A completed stream returns its connection to the pool; an aborted or
 failed one closes it, so the server sees the disconnect and stops decoding.
 
-The parts live beside it: fastaccum.transport.http1 (the connection, the response head, the body's length),
-fastaccum.transport.pacing (read coalescing) and fastaccum.transport.timing (what ``result.timing`` reports). This
-module ties them to one request and its outcome.
+The parts live beside it: fastaccum.transport.request (one request and its outcome),
+fastaccum.transport.http1 (the connection, the response head, the body's length),
+fastaccum.transport.pacing (read coalescing) and fastaccum.transport.timing (what ``result.timing``
+reports). This module is the pool: connections, request ids, abort senders, windows.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import urllib.parse
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from types import EllipsisType
 from typing import Any
 
-from fastaccum._core.dialects import VLLM, check_dialect, request_for, route_hint
-from fastaccum._impl import StreamAccumulator
-from fastaccum.errors import (
-    StreamConnectionError,
-    StreamError,
-    StreamFormatError,
-)
-from fastaccum.result import StreamResult, StreamTiming
-from fastaccum.transport.abort_sender import AbortSender, Drain, VllmAbortSender
-from fastaccum.transport.consumer import AccumulatorLike, StreamConsumer, routed_start_of
-from fastaccum.transport.http1 import (
-    Body,
-    BodyFraming,
-    Connection,
-    ResponseHead,
-    connect_error,
-    framing_of,
-    header_lines,
-    read_head,
-    request_bytes,
-)
-from fastaccum.transport.pacing import DEFAULT_COALESCE_MS, ReadPacer, Resumer
+from fastaccum._core.dialects import answers_several, check_dialect
+from fastaccum.errors import StreamConnectionError
+from fastaccum.result import StreamResult
+from fastaccum.transport.abort_sender import AbortSender, VllmAbortSender
+from fastaccum.transport.http1 import Connection, connect_error, header_lines
+from fastaccum.transport.pacing import DEFAULT_COALESCE_MS, Resumer
+from fastaccum.transport.request import ClientStream, check_drain
 from fastaccum.transport.retry import DEFAULT_RETRY_MAX_DELAY_S, check_retries
-from fastaccum.transport.timing import ReadTimeout, RequestClock, timeout_error
 
 __all__ = ("Client", "ClientStream", "DEFAULT_ABORT_DRAIN_S", "DEFAULT_COALESCE_MS", "DEFAULT_RETRY_MAX_DELAY_S")
 
@@ -56,312 +40,6 @@ _READ_BUFFER_BYTES = 262144
 # How long abort() reads on for the terminal abort event: SGLang answers an abort at its next
 # decode step (milliseconds); a queued or retracted request at once.
 DEFAULT_ABORT_DRAIN_S = 2.0
-
-
-def _check_drain(seconds: object) -> None:
-    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0):
-        raise ValueError(f"abort_drain_s must be seconds >= 0 or None, not {seconds!r}")
-
-
-class _Stale(Exception):
-    """A reused connection closed before the response's first byte (the server's idle timeout
-    raced the request): the request is sent again on a new connection."""
-
-
-# ---- stream -----------------------------------------------------------------------------------
-
-
-class ClientStream(StreamConsumer):
-    """One streaming request on a ``Client`` (made by ``Client.stream()``)."""
-
-    def __init__(
-        self,
-        client: Client,
-        payload: Mapping[str, Any],
-        *,
-        path: str | None,
-        headers: Mapping[str, str] | None,
-        read_timeout: float | None,
-        coalesce_ms: float,
-        abort_drain_s: float | None,
-        dialect: str,
-        **core: Any,  # StreamConsumer's options: the accumulator's (mode, expert_shape, ...), retries
-    ) -> None:
-        request = request_for(dialect, payload, client._new_rid, {**client._header_fields, **(headers or {})})
-        super().__init__(None, routed_start=routed_start_of(payload), dialect=dialect, **core)
-        self._client = client
-        self._dialect = dialect
-        self._default_path = path is None  # the dialect's own route (a 404 there names the dialect)
-        path = request.path if path is None else path
-        self._url = client.base_url + path
-        self.rid = request.rid
-        self._abort_ids = request.abort_ids
-        self._vllm = dialect == VLLM
-        self._request = request_bytes(client._prefix + path, client._headers, request.body, headers)
-        # Dynamo has no per-request abort to drain after: its abort is the disconnect.
-        self._drain = (
-            Drain(client._aborts_for(dialect), abort_drain_s, self._cut)
-            if abort_drain_s is not None and request.drains
-            else None
-        )
-        self._coalesce_ms = coalesce_ms
-        self._read_timeout = read_timeout
-        self._conn: Connection | None = None
-        self._waiter: asyncio.Future[None] | None = None
-        self._new_attempt()
-
-    def _new_attempt(self) -> None:
-        """The state of one attempt at the request (a retry starts afresh)."""
-        self._pacer = ReadPacer(self._coalesce_ms, self._read_timeout)
-        self._clock = RequestClock()
-        self._timeout = ReadTimeout(self._clock, self._read_timeout, self._timed_out)
-        self.status: int | None = None
-        self._head = ResponseHead(self._url)
-        self._body = BodyFraming(Body.UNTIL_CLOSE)  # where the body ends, once the head says
-        self._feed_body: Callable[[memoryview], int] = self._accumulator.feed
-        self._chunked = False  # the core undoes the chunked coding and says where the body ends
-        self._reusable = False
-        self._paused = False  # reading paused for a window, waiting in the client's Resumer
-
-    @staticmethod
-    def _new_accumulator(**options: Any) -> AccumulatorLike:
-        return StreamAccumulator(**options)
-
-    @property
-    def timing(self) -> StreamTiming | None:
-        """What the transport measured so far (None before the request was written)."""
-        return self._clock.timing(
-            tokens=self._accumulator.tokens,
-            bytes_received=self._bytes_received,
-            events=int(self._accumulator.events),
-            retries=self._retry.done,
-        )
-
-    def _stamped(self, result: StreamResult) -> StreamResult:
-        return dataclasses.replace(result, timing=self.timing, request_sent=bool(self._clock.sent))
-
-    # ---- request -------------------------------------------------------------------------------
-    async def _read(self) -> StreamResult:
-        loop = asyncio.get_running_loop()
-        for attempt in range(2):
-            conn = await self._client._acquire(self._url)
-            reused = conn.requests > 0
-            self._conn = conn
-            conn.requests += 1
-            self._waiter = loop.create_future()
-            conn.attach(self._on_head, self._on_lost)
-            transport = conn.transport
-            if conn.closed or transport is None:
-                self._on_lost(None)
-            else:
-                self._clock.request_sent()
-                transport.write(self._request)
-                self._timeout.arm(loop)
-            try:
-                await self._waiter
-            except StreamError:
-                if not self._abort_requested:
-                    raise
-                return self._aborted_result()  # the drain failed (an error event, a cut): the prefix
-            except _Stale:
-                if attempt or not reused:
-                    message = f"POST {self._url} failed: the connection closed before a response"
-                    raise StreamConnectionError(message) from None
-                self._release()
-                continue
-            break
-        self._clock.end()
-        return self._stamped(self._finish_or_kept())
-
-    def abort(self) -> None:
-        """Request-level abort: with ``abort_drain_s`` (the default) a drain: the server is asked to
-        abort this rid and the stream reads on to its terminal abort event; else, at the deadline,
-        or when the abort cannot be sent, a cut (docs/client.md, "Abort: drain or cut")."""
-        if self._abort_requested:
-            return
-        self._abort_requested = True
-        # Not yet written (waiting for a connection): the server never sees it, nothing to drain.
-        if self._drain is None or not self._clock.sent or self._waiter is None or self._waiter.done():
-            self._cut()
-            return
-        self._drain.start(self._server_ids())
-        self._pacer.window = 0.0  # the terminal event is read as it arrives, not a window later
-        self._resume_reading()
-
-    @property
-    def abort_error(self) -> BaseException | None:
-        """Why a drain abort fell back to a cut (None: it did not)."""
-        return self._drain.error if self._drain is not None else None
-
-    def _server_ids(self) -> tuple[str, ...]:
-        """The ids the server's abort knows this request by; for vLLM, also the id its chunks carry
-        (what it runs the request under, whatever rewrote it on the way)."""
-        ids = self._abort_ids
-        if self._vllm and self._events:
-            carried = self._accumulator.snapshot().meta_info.get("request_id")
-            if isinstance(carried, str) and carried not in ids:
-                ids = (carried, *ids)
-        return ids
-
-    # ---- receivers (loop callbacks) ------------------------------------------------------------
-    def _on_head(self, data: memoryview) -> None:
-        self._clock.read()
-        try:
-            self._head, data, used = read_head(self._head, data)
-        except StreamFormatError as exc:
-            self._fail(exc)
-            return
-        if used < 0:
-            return
-        self.status = self._head.status
-        if not self._start_body():
-            return
-        rest = data[used:]
-        conn = self._conn
-        if rest and conn is not None and conn.receiver is not None:
-            self._clock.reads -= 1  # the same read, counted once
-            conn.receiver(rest)
-
-    def _start_body(self) -> bool:
-        """Pick the receiver for what follows the head; False when the head already failed."""
-        conn, head = self._conn, self._head
-        assert conn is not None
-        if head.status >= 300:
-            conn.receiver = self._on_error_body
-            if head.body_complete:  # no body to wait for (Content-Length: 0, 304)
-                self._fail(self._status_error())
-                return False
-            return True
-        try:
-            self._body = framing_of(head)
-        except StreamFormatError as exc:
-            self._fail(exc)
-            return False
-        if self._body.kind is Body.CHUNKED:
-            self._chunked = True
-            self._feed_body = self._accumulator.feed_chunked
-            self._first_bytes_chunked = True
-        self._content_type = head.headers.get("content-type")
-        conn.receiver = self._on_body
-        if self._body.ended(False):  # 204, 304, Content-Length: 0
-            self._complete()
-        return True
-
-    def _on_body(self, data: memoryview) -> None:
-        previous = self._clock.last_read
-        stamp = self._clock.read()
-        self._bytes_received += len(data)
-        extra = 0
-        if not self._chunked:  # a Content-Length body may end inside this read
-            data, extra = self._body.cut(data)
-        if not self._events:
-            self._keep_first_bytes(data)
-        try:
-            count = self._feed_body(data)
-        except StreamError as exc:
-            self._fail(exc)
-            return
-        if count:
-            self._events += count
-            if self._events == count and self._abort_requested and self._drain is not None:
-                if not self._accumulator.finished:  # the first events: the server holds the request now
-                    self._drain.resend(self._server_ids())
-            self._clock.events_read(stamp, self._accumulator)
-        if self._accumulator.chunked_ended if self._chunked else self._body.ended(False):
-            self._complete()
-            if extra:  # bytes after the response are not its body (RFC 9112 lets a client drop them)
-                self._after_end(data)
-        elif self._pacer.should_pause(len(data), count, stamp - previous) and self._conn is not None:
-            self._conn.pause_reading()
-            self._paused = True
-            self._client._resumer(self._pacer.window).add(self._resume_reading)
-
-    def _resume_reading(self) -> None:
-        if self._paused and self._conn is not None:  # else it ended while paused
-            self._paused = False
-            self._conn.resume_reading()
-
-    def _on_error_body(self, data: memoryview) -> None:
-        self._clock.read()
-        self._head.feed_error_body(data)
-        if self._head.body_complete:
-            self._fail(self._status_error())
-
-    def _status_error(self) -> StreamError:
-        """The response's error status; on the dialect's own route a 404 says it may be the wrong one."""
-        return self._head.status_error(route_hint(self._dialect, self._head.status) if self._default_path else "")
-
-    def _on_lost(self, exc: BaseException | None) -> None:
-        waiter = self._waiter
-        if waiter is None or waiter.done():
-            return
-        conn = self._conn
-        receiver = conn.receiver if conn is not None else None
-        if receiver == self._on_body:
-            self._complete(eof=True)  # end of input: the accumulator tells truncation from the end
-        elif receiver == self._on_error_body:
-            self._fail(self._status_error())
-        elif not self._clock.first_byte:
-            self._fail(_Stale())
-        else:  # the bytes of the head so far were valid (httptools saw each read), but it stopped
-            reason = f": {exc!r}" if exc is not None else ""
-            message = f"POST {self._url} failed: the connection closed inside the response head{reason}"
-            self._fail(StreamConnectionError(message))
-
-    # ---- outcome -------------------------------------------------------------------------------
-    def _complete(self, *, eof: bool = False) -> None:
-        self._reusable = self._head.keep_alive and self._body.kind is not Body.UNTIL_CLOSE and not eof
-        self._stop_timers()
-        conn = self._conn
-        if conn is not None and not eof:
-            conn.receiver = self._after_end  # bytes after the response: it cannot be reused
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def _after_end(self, data: memoryview) -> None:
-        self._reusable = False
-
-    def _fail(self, exc: BaseException) -> None:
-        self._reusable = False
-        self._stop_timers()
-        conn = self._conn
-        if conn is not None:
-            conn.receiver = self._after_end
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(exc)
-
-    def _timed_out(self) -> None:
-        self._fail(timeout_error(self._url, self._timeout.seconds, self.status, self._events))
-
-    def _stop_timers(self) -> None:
-        self._paused = False
-        self._timeout.cancel()
-        if self._drain is not None:
-            self._drain.cancel()
-
-    def _feed_buffered(self) -> None:
-        # At a cancel, every byte the kernel holds (reading may be paused by the window) is fed.
-        if self._conn is not None:
-            self._conn.drain(lambda receiver: receiver != self._after_end)
-
-    def _close(self) -> None:
-        self._stop_timers()
-        self._clock.end()
-        self._release()
-
-    def _restart(self) -> None:
-        super()._restart()
-        self._new_attempt()
-
-    def _release(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is None:
-            return
-        reuse = self._reusable and not conn.closed
-        self._reusable = False
-        self._client._release(conn, reuse=reuse)
 
 
 # ---- client -----------------------------------------------------------------------------------
@@ -405,12 +83,13 @@ class Client:
             raise ValueError(f"Client needs an http://host[:port] URL, not {base_url!r} (TLS: use GenerateStream)")
         if max_connections is not None and max_connections < 1:
             raise ValueError(f"max_connections must be a positive int or None, not {max_connections!r}")
-        _check_drain(abort_drain_s)
+        check_drain(abort_drain_s)
         check_dialect(dialect)
         check_retries(retries, retry_max_delay_s)
         self._retries = retries
         self._retry_max_delay_s = retry_max_delay_s
         self._dialect = dialect
+        self._several_ok = False  # generate() reads a batch's several answers
         self._host = parts.hostname
         self._port = parts.port or 80
         self._prefix = parts.path.rstrip("/")
@@ -473,16 +152,17 @@ class Client:
         """One streaming POST of ``payload`` (sent as JSON with ``"stream": true`` and a request
         id: ``rid``, or vLLM's ``request_id``; the payload's, else a new one) to ``path`` (None:
         the dialect's, ``/generate`` or vLLM's ``/inference/v1/generate``); nothing is sent
-        before ``run()``. ``coalesce_ms`` None takes the client's window, ``abort_drain_s`` left
-        out and ``dialect`` None the client's. ``routed_dtype="int32"`` widens vLLM's narrower
-        routed experts (uint8, uint16) to int32. ``require_routed_experts``: a stream that
-        finishes (stop, length) without routed experts raises ``StreamFormatError`` instead of
-        giving None (the server was not started to send them). ``retries`` and
-        ``retry_max_delay_s`` None take the client's."""
+        before ``run()``. A payload with ``"stream": false`` is sent so, its answer read whole
+        into the same result (docs/client.md, "Non-streaming requests"). ``coalesce_ms`` None
+        takes the client's window, ``abort_drain_s`` left out and ``dialect`` None the client's.
+        ``routed_dtype="int32"`` widens vLLM's narrower routed experts (uint8, uint16) to int32.
+        ``require_routed_experts``: a stream that finishes (stop, length) without routed experts
+        raises ``StreamFormatError`` instead of giving None (the server was not started to send
+        them). ``retries`` and ``retry_max_delay_s`` None take the client's."""
         if abort_drain_s is ...:
             abort_drain_s = self._abort_drain_s
         else:
-            _check_drain(abort_drain_s)
+            check_drain(abort_drain_s)
         if dialect is None:
             dialect = self._dialect
         else:
@@ -490,6 +170,8 @@ class Client:
         retries = self._retries if retries is None else retries
         retry_max_delay_s = self._retry_max_delay_s if retry_max_delay_s is None else retry_max_delay_s
         check_retries(retries, retry_max_delay_s)
+        if payload.get("stream") is False and answers_several(dialect, payload) and not self._several_ok:
+            raise ValueError("a non-streaming batch (several answers in one body): use Client.generate()")
         return ClientStream(
             self,
             payload,
@@ -508,6 +190,17 @@ class Client:
             retries=retries,
             retry_max_delay_s=retry_max_delay_s,
         )
+
+    async def generate(self, payload: Mapping[str, Any], **options: Any) -> StreamResult | list[StreamResult]:
+        """One non-streaming request: ``payload`` with ``"stream": false``, its answer read by the
+        core into what a stream of it gives; a batch (SGLang's lists, ``n > 1``) gives one result
+        per request, in order. ``options``: ``stream()``'s. To abort it, use ``stream()``."""
+        self._several_ok = True  # this call only: nothing awaits before the stream is made
+        try:
+            stream = self.stream({**payload, "stream": False}, **options)
+        finally:
+            self._several_ok = False
+        return await stream.run()
 
     @property
     def base_url(self) -> str:

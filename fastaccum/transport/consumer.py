@@ -94,8 +94,10 @@ class StreamConsumer:
         require_routed_experts: bool = False,
         retries: int = 0,
         retry_max_delay_s: float = 0.0,
+        body: bool = False,
     ) -> None:
         self._pieces = pieces
+        self._answer = body  # a non-streaming answer: read whole by fastaccum.transport.body
         self._core_options: dict[str, Any] = {
             "mode": mode,
             "expert_shape": expert_shape,
@@ -106,7 +108,7 @@ class StreamConsumer:
             "routed_dtype": routed_dtype,
             "require_routed_experts": require_routed_experts,
         }
-        self._accumulator = self._new_accumulator(**self._core_options)
+        self._accumulator = self._new_reader()
         self._retry = Retry(retries, retry_max_delay_s)
         self._waiting_to_retry = False  # an attempt failed before its first event; the next is due
         self._url = ""  # what the transport requests, for messages
@@ -124,6 +126,17 @@ class StreamConsumer:
     def _new_accumulator(**options: Any) -> AccumulatorLike:
         # Each transport module names the twin it feeds (tests point that name at either twin).
         return StreamAccumulator(**options)
+
+    def _new_reader(self) -> AccumulatorLike:
+        """What reads the response: the twin's accumulator, or for a non-streaming answer a
+        ``BodyReader`` (which hands the answer to that accumulator as one event)."""
+        if not self._answer:
+            return self._new_accumulator(**self._core_options)
+        from fastaccum.transport.body import BodyReader  # loaded with the first non-streaming request
+
+        options = dict(self._core_options)
+        new = self._new_accumulator
+        return BodyReader(options.pop("mode"), accumulator=lambda **o: new(**o), **options)  # type: ignore[return-value]
 
     # ---- progress (readable while running) -----------------------------------------------------
     @property
@@ -229,7 +242,7 @@ class StreamConsumer:
 
     def _restart(self) -> None:
         """Forget a failed attempt (it held no event): the next one starts afresh."""
-        self._accumulator = self._new_accumulator(**self._core_options)
+        self._accumulator = self._new_reader()
         self._events = 0
         self._bytes_received = 0
         self._first_bytes = b""
@@ -298,11 +311,14 @@ class StreamConsumer:
 
     def _finish(self) -> StreamResult:
         """``finish()``, except that a body which never held an event and does not read as an event
-        stream is a ``StreamFormatError`` naming what it is, not a truncation."""
+        stream is a ``StreamFormatError`` naming what it is, not a truncation. A non-streaming
+        batch's answer gives its list (``Client.generate``)."""
         try:
+            if self._answer:
+                return self._accumulator.results()  # type: ignore[attr-defined, no-any-return]
             return self._accumulator.finish()
         except StreamTruncatedError:
-            if not self._events:
+            if not self._events and not self._answer:  # a body reader names what it read itself
                 first = self._first_bytes
                 if self._first_bytes_chunked:  # past the first chunk's size line
                     first = first.partition(b"\r\n")[2]

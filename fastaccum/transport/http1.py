@@ -197,7 +197,11 @@ class ResponseHead:
         """The error for this response's status, quoting its body (what arrived of it), then
         ``hint``."""
         error = status_error(
-            self.url, self.status, self.reason, self.body.decode("utf-8", errors="replace"), self.headers.get("location")
+            self.url,
+            self.status,
+            self.reason,
+            self.body.decode("utf-8", errors="replace"),
+            self.headers.get("location"),
         )
         error.args = (error.args[0] + hint, *error.args[1:])
         return error
