@@ -296,7 +296,10 @@ class VllmServer:
         usage = bool(options.get("include_usage"))
         vllm = VllmOptions(host.vllm_shape, logprobs is not None, routed, streamed_mask, usage)
         interval = max(1, int(params.get("stream_interval") or host.stream_interval))
-        return VllmRequest(rid=rid, gen=gen, opts=writer.WireOptions(), interval=interval, fault=fault, vllm=vllm)
+        streams = bool(body.get("stream"))
+        return VllmRequest(
+            rid=rid, gen=gen, opts=writer.WireOptions(), interval=interval, fault=fault, vllm=vllm, streams=streams
+        )
 
     async def stream(self, request: web.Request, req: VllmRequest) -> web.StreamResponse:
         resp = web.StreamResponse(headers=SSE_HEADERS)

@@ -82,6 +82,7 @@ class Request:
     opts: WireOptions
     interval: int
     fault: dict[str, Any]
+    streams: bool = True  # False: one non-streaming answer, written once at the end
     state: str = "queued"  # queued -> running -> done; queued -> echo on abort
     produced: int = 0
     abort_requested: bool = False
@@ -136,7 +137,8 @@ async def decode(
     "Stream interval and coalescing"). An abort decodes ``abort_step`` more tokens first (SGLang
     one, vLLM none)."""
     n, fault_kind = len(req.gen.token_ids), req.fault.get("kind")
-    points = set(writer.emission_points(n, req.interval, req.opts.version)[:-1])
+    # A non-streaming answer is written once: decoding never waits for a writer to take an event.
+    points = set(writer.emission_points(n, req.interval, req.opts.version)[:-1]) if req.streams else set()
     loop = asyncio.get_running_loop()
     start = loop.time()
     k = prev = 0

@@ -405,7 +405,8 @@ class Emulator:
             indexer_topk_num_layers=self.indexer_topk_num_layers,
         )
         interval = int(params.get("stream_interval") or self.stream_interval)
-        return Request(rid=rid, gen=gen, opts=opts, interval=max(1, interval), fault=fault)
+        streams = bool(body.get("stream"))
+        return Request(rid=rid, gen=gen, opts=opts, interval=max(1, interval), fault=fault, streams=streams)
 
     def _admit(self) -> None:
         while self._waiting and len(self._running) < self.max_running_requests and not self._closing:
@@ -540,13 +541,14 @@ class Emulator:
         if req.state == "echo":
             final = writer.echo_event(req.gen, cumulative, 0)
         else:
-            last: list[dict[str, Any]] = []
 
-            async def keep(index: int, event: dict[str, Any]) -> None:
-                last[:] = [event]
+            async def skip(index: int, event: dict[str, Any]) -> None:
+                pass
 
             try:
-                await drain(req, keep, closing=self.is_closing)
+                # Only the final answer is written: no event is built on the way (building each
+                # cumulative one cost the whole response per emission point).
+                await drain(req, skip, closing=self.is_closing, build=lambda *args, **kwargs: {})
             except StreamEnded:
                 return _json_error(503, "emulator stopping")
             assert req.final is not None

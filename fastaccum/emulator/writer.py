@@ -124,6 +124,36 @@ def _hash_u64(seed: int, rid: str, salt: int, positions: npt.NDArray[np.uint64])
         return z ^ (z >> np.uint64(31))
 
 
+_HASH_BLOCK = 1 << 16  # positions hashed at a time: the temporaries stay in the CPU's cache
+
+
+def _hashed_mod(seed: int, rid: str, salt: int, count: int, modulo: int) -> npt.NDArray[np.int32]:
+    """``_hash_u64`` of positions ``0 .. count - 1`` modulo ``modulo``, as int32: the same values,
+    computed a cache-sized block at a time in place (a 32k-token answer's routed experts are 12
+    million of them; whole-array temporaries took ten times as long)."""
+    digest = hashlib.blake2b(f"{seed}/{rid}/{salt}".encode(), digest_size=8).digest()
+    out = np.empty(count, dtype=np.int32)
+    z = np.empty(min(count, _HASH_BLOCK), dtype=np.uint64)
+    t = np.empty_like(z)
+    offset, mod = np.uint64(int.from_bytes(digest, "little")), np.uint64(modulo)
+    with np.errstate(over="ignore"):
+        for start in range(0, count, _HASH_BLOCK):
+            m = min(_HASH_BLOCK, count - start)
+            zz, tt = z[:m], t[:m]
+            zz[:] = np.arange(start, start + m, dtype=np.uint64)
+            np.multiply(zz, np.uint64(0x9E3779B97F4A7C15), out=zz)
+            np.add(zz, offset, out=zz)
+            for shift, factor in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+                np.right_shift(zz, np.uint64(shift), out=tt)
+                np.bitwise_xor(zz, tt, out=zz)
+                np.multiply(zz, np.uint64(factor), out=zz)
+            np.right_shift(zz, np.uint64(31), out=tt)
+            np.bitwise_xor(zz, tt, out=zz)
+            np.remainder(zz, mod, out=zz)
+            out[start : start + m] = zz
+    return out
+
+
 class _Positions(Sequence[Any]):
     """One column of a generation's per-position values, computed a block at a time on first read:
     a request for a million tokens that is aborted after twenty costs twenty (token i never
@@ -220,8 +250,7 @@ def synthetic_generation(
     if expert_shape is not None:
         layers, topk = expert_shape
         count = max(prompt_tokens + n - 1, 0) * layers * topk
-        h3 = _hash_u64(seed, rid, 3, np.arange(count, dtype=np.uint64))
-        routed = (h3 % np.uint64(num_experts)).astype(np.int32).reshape(-1, layers, topk)[routed_start:]
+        routed = _hashed_mod(seed, rid, 3, count, num_experts).reshape(-1, layers, topk)[routed_start:]
     indexer = None
     if indexer_shape is not None:
         layers, topk = indexer_shape
