@@ -148,6 +148,12 @@ def test_a_body_cut_anywhere_is_a_truncation_never_a_result(impl: ModuleType, mo
     batch = b"[" + body + b"," + body + b"]"
     with pytest.raises(StreamTruncatedError, match="inside its list of answers, after 1"):
         fastaccum.parse_response(batch[: len(body) + 5], expert_shape=(2, 2))
+    reader = fastaccum.transport.body.BodyReader(expert_shape=(2, 2))  # what the cut batch still holds
+    reader.feed(batch[: len(body) + 5])
+    with pytest.raises(StreamTruncatedError) as cut:
+        reader.results()
+    assert cut.value.event_index == 1 and len(reader.completed) == 1
+    same(reader.completed[0], fastaccum.parse_response(body, expert_shape=(2, 2)))
 
 
 @pytest.mark.parametrize(

@@ -9,18 +9,26 @@ import asyncio
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
-from client_helpers import PROMPT, Transport, assert_matches, payload, run, wait_until
+from client_helpers import PROMPT, RawServer, Transport, assert_matches, payload, run, wait_until
 
 import fastaccum
 from fastaccum import StreamResult
 from fastaccum.emulator import ABORT_REASON, Emulator
+from fastaccum.emulator.writer import WireOptions, chunk_encode, normal_event, synthetic_generation
 
 SHAPE = (4, 2)  # the emulator's default (layers, top-k)
 
 
 def answer(rid: str, n: int, **extra: Any) -> dict[str, Any]:
     return payload(rid, n, stream=False, return_routed_experts=True, **extra)
+
+
+def whole_answer(gen: Any) -> dict[str, Any]:
+    """SGLang's non-streaming answer of a generation: its cumulative stream's terminal event."""
+    n = len(gen.token_ids)
+    return normal_event(gen, WireOptions(), 0, n, terminal=True, finish_reason=gen.finish_reason, first=True)
 
 
 def test_a_non_streaming_answer_is_the_streams_result(transport: Transport) -> None:
@@ -57,7 +65,7 @@ def test_an_abort_drains_a_running_non_streaming_request_and_keeps_its_replay_da
     assert_matches(emulator, "nb-abort", result, routed=True)
 
 
-def test_generate_reads_a_batch_as_one_result_per_request(twin: Any) -> None:
+def test_generate_reads_one_answer_and_stream_refuses_a_batch(twin: Any) -> None:
     emulator = Emulator(enable_return_routed_experts=True)
 
     async def main() -> Any:
@@ -70,6 +78,33 @@ def test_generate_reads_a_batch_as_one_result_per_request(twin: Any) -> None:
     one = run(main())
     assert isinstance(one, StreamResult) and len(one) == 9
     assert_matches(emulator, "nb-one", one)
+
+
+@pytest.mark.parametrize("framing", ["chunked", "content-length"])
+def test_generate_reads_a_batch_answer_as_one_result_per_request_in_order(twin: Any, framing: str) -> None:
+    """SGLang answers a batch (``input_ids`` a list of prompts) with a JSON list, one answer per
+    prompt (the emulator does not batch: a raw server sends an answer the writer made)."""
+    gens = [
+        synthetic_generation(f"nb-batch-{i}", 30 + i, prompt_tokens=len(PROMPT), expert_shape=SHAPE) for i in range(3)
+    ]
+    body = b"[" + b",".join(orjson.dumps(whole_answer(g)) for g in gens) + b"]"
+    if framing == "chunked":
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        parts = [head, *(chunk_encode(body[i : i + 1000])[:-5] for i in range(0, len(body), 1000)), b"0\r\n\r\n"]
+    else:
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+        parts = [head, body[:777], body[777:]]
+    server = RawServer(parts, pause=0)
+
+    async def main() -> Any:
+        async with server as url, fastaccum.Client(url) as client:
+            return await client.generate({"input_ids": [PROMPT] * 3, "return_routed_experts": True}, expert_shape=SHAPE)
+
+    results = run(main())
+    assert isinstance(results, list) and [len(r) for r in results] == [30, 31, 32]
+    for gen, result in zip(gens, results):
+        assert result.token_ids.tolist() == list(gen.token_ids) and result.finish_reason == gen.finish_reason
+        assert np.array_equal(result.routed_experts, gen.routed_experts)
 
 
 def test_vllm_answers_whole_through_the_client(twin: Any) -> None:

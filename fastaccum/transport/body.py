@@ -177,6 +177,12 @@ class BodyReader:
         return sum(len(r) for r in self._results)
 
     @property
+    def completed(self) -> list[StreamResult]:
+        """The answers read whole so far, in order: what a batch cut or broken after them still
+        holds (the error's ``event_index`` is their count)."""
+        return list(self._results)
+
+    @property
     def finished(self) -> bool:
         return self._ended
 
