@@ -339,7 +339,7 @@ async def run_round(
         results = await asyncio.gather(*tasks)
         all_returned = time.perf_counter() - started
         cpu1 = os.times()
-        await _wait(lambda: not sender._tasks, 600, "the abort POSTs did not end")
+        await _wait(lambda: not sender.sending, 600, "the abort POSTs did not end")
         fanout_s = time.perf_counter() - started
         cpu2, others1 = os.times(), {k: [_cpu_of(p) for p in pids] for k, pids in server_pids.items()}
         sent = sender.sent

@@ -5,9 +5,13 @@ SGLang finishes a request aborted by rid through its normal output path, so a cl
 reading gets a terminal event with what the server collected (routed experts, top-p rows, indexer
 top-k). ``AbortSender`` sends those aborts for one client: every abort asked for in one loop
 iteration goes out together, over at most ``PARALLEL`` keep-alive connections per server, never a
-connection per stream. A router (sglang-router, the model gateway) has no ``/abort_request``; it
-lists its workers at ``GET /workers``, and the abort goes to each of them (a worker ignores a rid
-it does not hold). vLLM (``VllmAbortSender``) takes every request id of a batch in one request,
+connection per stream, ``WINDOW`` requests per write with the replies read back in order (HTTP/1.1
+pipelining: SGLang takes one rid per request, so a rollout abort is one request per stream). A
+router (sglang-router, the model gateway) has no ``/abort_request``; it lists its workers at ``GET
+/workers``, and the abort goes to each of them (a worker ignores a rid it does not hold; no router
+says which worker serves a request). Each worker takes the rids in another order, and a rid whose
+stream has ended is left out of every window not yet written: its holder has ended it, or the
+stream was cut. vLLM (``VllmAbortSender``) takes every request id of a batch in one request,
 at ``/inference/v1/abort_requests`` (0.32 on) or ``/abort_requests`` (a ``--tokens-only`` server
 before that); a server with neither is found out by the first abort, whose streams are then cut,
 as every later one is at once.
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import urllib.parse
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -26,10 +31,20 @@ import orjson
 from fastaccum.errors import ServerError, StreamConnectionError, StreamError, StreamTimeoutError
 from fastaccum.transport.http1 import header_lines, status_error
 
-__all__ = ("PARALLEL", "AbortSender", "VllmAbortSender", "Drain", "worker_urls")
+__all__ = ("DEPTH", "MAX_CONNECTIONS", "PARALLEL", "WINDOW", "AbortSender", "VllmAbortSender", "Drain", "worker_urls")
 
 # Connections per server for one batch of aborts.
 PARALLEL = 4
+# Connections for one batch across a router's workers, each having at least one: at 32 workers,
+# one each drained no slower than two or four each in benchmarks/abort_fanout.py, for fewer system
+# calls in the client.
+MAX_CONNECTIONS = 32
+# Abort requests per write on one connection, leaving out the rids whose streams have ended. 32 left
+# out more than 64-256 did in benchmarks/abort_fanout.py, for one write per 32 requests.
+WINDOW = 32
+# Windows awaiting their replies on one connection: the server has the next while the client reads
+# the replies to the last.
+DEPTH = 2
 # A control request that takes longer than this, or than the longest drain deadline of its batch
 # (a loaded server answers late, and its streams wait that long anyway), has failed.
 CONTROL_TIMEOUT_S = 10.0
@@ -52,6 +67,29 @@ class _Reply:
         self.complete = True
         self.status = self.parser.get_status_code()
         self.keep_alive = self.parser.should_keep_alive()  # the parser forgets it after this call
+
+
+class _Replies:
+    """The replies to pipelined requests, read off one connection in order: how many came, and
+    the first that was not 2xx."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.refusal: tuple[int, bytes] | None = None
+        self.closing = False  # a reply said the server closes the connection after it
+        self._body = bytearray()
+        self.parser = httptools.HttpResponseParser(self)
+
+    def on_body(self, body: bytes) -> None:
+        self._body += body
+
+    def on_message_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if not 200 <= status < 300 and self.refusal is None:
+            self.refusal = (status, bytes(self._body))
+        self.closing = self.closing or not self.parser.should_keep_alive()
+        self._body.clear()
+        self.count += 1
 
 
 class _Server:
@@ -78,6 +116,79 @@ class _Server:
             len(data),
             data,
         )
+
+    async def post_each(
+        self, path: str, items: list[tuple[str, bytes]], wanted: Callable[[str], bool], timeout: float
+    ) -> int:
+        """POST each ``(key, JSON body)`` to ``path`` on one keep-alive connection, ``WINDOW``
+        requests per write, ``DEPTH`` windows awaiting their replies, which come in order; an
+        item whose key is no longer ``wanted`` when its window is written is left out. Raises at
+        the first reply that is not 2xx; returns how many requests were written."""
+        head = b"POST %s HTTP/1.1\r\n%sContent-Type: application/json\r\nContent-Length: " % (
+            (self.prefix + path).encode("ascii"),
+            self.head,
+        )
+        written = 0
+        todo: deque[tuple[str, bytes]] = deque(items)
+        waiting: deque[list[tuple[str, bytes]]] = deque()  # written windows, oldest first
+        reader: asyncio.StreamReader | None = None
+        writer: asyncio.StreamWriter | None = None
+        replies, fresh = _Replies(), True  # fresh: no window answered yet on this connection
+        try:
+            while True:
+                while len(waiting) < DEPTH and todo:
+                    window = [todo.popleft() for _ in range(min(WINDOW, len(todo)))]
+                    window = [(key, body) for key, body in window if wanted(key)]
+                    if not window:
+                        continue
+                    if writer is None or reader is None:
+                        async with asyncio.timeout(timeout):
+                            reader, writer = await asyncio.open_connection(self.host, self.port)
+                        replies, fresh = _Replies(), True
+                    writer.write(b"".join(b"%s%d\r\n\r\n%s" % (head, len(body), body) for _, body in window))
+                    written += len(window)
+                    waiting.append(window)
+                if not waiting:
+                    return written
+                assert reader is not None and writer is not None
+                ended = False
+                async with asyncio.timeout(timeout):
+                    try:
+                        while replies.count < len(waiting[0]) and not replies.closing:
+                            data = await reader.read(65536)
+                            if not data:
+                                ended = True
+                                break
+                            replies.parser.feed_data(data)
+                    except ConnectionError:
+                        if fresh:
+                            raise
+                        ended = True
+                if replies.refusal is not None:
+                    status, body = replies.refusal
+                    text = body.decode("utf-8", errors="replace")
+                    raise status_error(f"{self.url}{path}", status, "", text, None)
+                while waiting and replies.count >= len(waiting[0]):
+                    replies.count -= len(waiting.popleft())
+                    fresh = False
+                if ended or replies.closing:
+                    # The server closed the connection (after a reply that said so, or idle): what
+                    # it did not answer goes again on a new one, less what is no longer wanted.
+                    if fresh and not replies.count:
+                        raise StreamConnectionError(f"{self.url} closed the connection before answering")
+                    if waiting:
+                        waiting[0] = waiting[0][replies.count :]
+                    todo.extendleft(reversed([item for window in waiting for item in window]))
+                    waiting.clear()
+                    writer.close()
+                    reader = writer = None
+        except TimeoutError:
+            raise StreamConnectionError(f"{self.url} did not answer within {timeout} s") from None
+        except (OSError, httptools.HttpParserError) as exc:
+            raise StreamConnectionError(f"control request to {self.url} failed: {exc}") from None
+        finally:
+            if writer is not None:
+                writer.close()
 
     async def exchange(self, requests: list[bytes], timeout: float = CONTROL_TIMEOUT_S) -> list[_Reply]:
         """Send the requests one after another on one keep-alive connection (a new one where the
@@ -122,6 +233,7 @@ class Drain:
         self._sender, self._seconds, self._cut = sender, seconds, cut
         self._timer: asyncio.TimerHandle | None = None
         self._ids: tuple[str, ...] = ()
+        self._waiting: list[str] = []  # the ids the sender knows this stream waits for
         self.error: BaseException | None = None
 
     def start(self, ids: tuple[str, ...]) -> None:
@@ -132,22 +244,33 @@ class Drain:
             )
             self._cut()
             return
-        self._ids = ids
         self._timer = asyncio.get_running_loop().call_later(self._seconds, self._expired)
-        self._sender.add(ids, self._failed, self._seconds)
+        self._ask(ids)
 
     def resend(self, ids: tuple[str, ...]) -> None:
         """The abort again, once the first event shows that the server holds the request: sent
         before that, it may have arrived first, and SGLang and vLLM ignore an id they do not hold
         (a second abort of a held id is a no-op on both)."""
         if self._timer is not None:
-            self._ids = ids
-            self._sender.add(ids, self._failed, self._seconds)
+            self._ask(ids)
+
+    def _ask(self, ids: tuple[str, ...]) -> None:
+        self._ids = ids
+        new = [name for name in ids if name not in self._waiting]
+        self._waiting += new
+        self._sender.wait(new)
+        self._sender.add(ids, self._failed, self._seconds)
 
     def cancel(self) -> None:
+        """The stream ended (its terminal event, a cut, a close): aborts of its ids not yet
+        written are left out. A cut reaches the server as it did without them: at once when
+        direct, through a router at the worker's next write."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._waiting:
+            self._sender.forget(self._waiting)
+            self._waiting = []
 
     def _expired(self) -> None:
         self._timer = None
@@ -189,6 +312,8 @@ class AbortSender:
         self._pending: dict[str, Callable[[BaseException], None]] = {}
         self._timeout = CONTROL_TIMEOUT_S  # the pending batch's
         self._tasks: set[asyncio.Task[None]] = set()
+        # Ids whose streams wait for their abort, with how many do: the others' are left out.
+        self._waiting: Counter[str] = Counter()
         self.sent = 0  # abort requests sent (each worker's count once); benchmarks read it
 
     def add(self, ids: tuple[str, ...], failed: Callable[[BaseException], None], deadline_s: float) -> None:
@@ -199,6 +324,25 @@ class AbortSender:
         for name in ids:
             self._pending[name] = failed
         self._timeout = max(self._timeout, deadline_s)
+
+    def wait(self, ids: Iterable[str]) -> None:
+        """A stream waits for the abort of ``ids`` (until ``forget``)."""
+        self._waiting.update(ids)
+
+    def forget(self, ids: Iterable[str]) -> None:
+        """The stream waiting for the abort of ``ids`` ended: aborts of them not yet written are
+        left out."""
+        for name in ids:
+            left = self._waiting[name] - 1
+            if left > 0:
+                self._waiting[name] = left
+            else:
+                del self._waiting[name]
+
+    @property
+    def sending(self) -> bool:
+        """Aborts asked for are still being sent (or answered); benchmarks and tests wait on it."""
+        return bool(self._pending or self._tasks)
 
     def close(self) -> None:
         for task in self._tasks:
@@ -216,36 +360,40 @@ class AbortSender:
         try:
             rids = list(batch)
             if self._router is None:  # the first abort says which: one rid asked, the rest wait
-                replies = await self._post(self._base, rids[:1], timeout)
-                self._router = replies[0].status in (404, 405)  # a router lists the workers instead
+                base = self._base
+                (reply,) = await base.exchange([base.request("POST", "/abort_request", {"rid": rids[0]})], timeout)
+                self.sent += 1
+                self._router = reply.status in (404, 405)  # a router lists the workers instead
                 if not self._router:
-                    _check(self._base, replies)
+                    _check(base, [reply])
                     rids = rids[1:]
-            if not self._router:
-                if rids:
-                    _check(self._base, await self._post(self._base, rids, timeout))
-                return
-            workers = await self._workers()
-            await asyncio.gather(*(self._post_checked(worker, rids, timeout) for worker in workers))
+            await self._post(await self._workers() if self._router else [self._base], rids, timeout)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             for failed in set(batch.values()):
                 failed(exc)
 
-    async def _post(self, server: _Server, rids: Iterable[str], timeout: float) -> list[_Reply]:
-        requests = [server.request("POST", "/abort_request", {"rid": rid}) for rid in rids]
-        if not requests:
-            return []
-        share = -(-len(requests) // PARALLEL)
-        parts = await asyncio.gather(
-            *(server.exchange(requests[i : i + share], timeout) for i in range(0, len(requests), share))
-        )
-        self.sent += len(requests)
-        return [reply for part in parts for reply in part]
+    async def _post(self, servers: list[_Server], rids: list[str], timeout: float) -> None:
+        """Every rid to every server, one request each (SGLang takes one rid per request). Each
+        server takes the rids from another start, so that every rid soon reaches some server
+        early: once its holder has ended it, its stream ends and the rid is left out of the
+        windows still to be written."""
+        if not rids:
+            return
+        items = [(rid, orjson.dumps({"rid": rid})) for rid in rids]
+        connections = max(1, min(PARALLEL, MAX_CONNECTIONS // len(servers), -(-len(items) // WINDOW)))
+        share = -(-len(items) // connections)
+        parts = []
+        for k, server in enumerate(servers):
+            turn = k * len(items) // len(servers)
+            order = items[turn:] + items[:turn]
+            parts += [self._post_part(server, order[i : i + share], timeout) for i in range(0, len(order), share)]
+        await asyncio.gather(*parts)
 
-    async def _post_checked(self, server: _Server, rids: Iterable[str], timeout: float) -> None:
-        _check(server, await self._post(server, rids, timeout))
+    async def _post_part(self, server: _Server, items: list[tuple[str, bytes]], timeout: float) -> None:
+        written = await server.post_each("/abort_request", items, self._waiting.__contains__, timeout)
+        self.sent += written  # not `self.sent += await ...`: that reads the count before the wait
 
     async def _workers(self) -> list[_Server]:
         (reply,) = await self._base.exchange([self._base.request("GET", "/workers")])
