@@ -6,7 +6,11 @@ switches the stream-interval rule and the echo ``output_ids`` (its sections "Str
 coalescing", "The abort echo" and "Version differences").
 
 Tokens are a pure function of (seed, rid, position) (``writer.synthetic_generation``), so a client can
-check every token with ``Emulator.expected``. Each running request has a decode task that produces
+check every token with ``Emulator.expected``. ``greedy=True`` keys them by the prompt's first token
+and each token's position in the sequence instead (``Emulator.key_of``): a request for prompt + k
+generated tokens continues the first exactly, as a greedy model's does, which is what resumes are
+tested against. A non-streaming request (``"stream": false``) is answered once, at its end, with
+what its stream's terminal event would hold; an aborted one with everything decoded so far. Each running request has a decode task that produces
 tokens and queues outputs; the HTTP handler drains the queue like SGLang's tokenizer manager:
 cumulative mode sends only the newest output (dropped frames), incremental mode coalesces them.
 
@@ -45,7 +49,8 @@ Other servers (``dialect=``, docs/dialects.md; fastaccum.emulator._dialect_serve
   ``dynamo_stopped`` ([DONE] after event ``at``, when that is not the terminal one).
 - ``"vllm"``: ``POST /inference/v1/generate`` (``token_ids``, ``sampling_params`` with
   ``max_tokens`` (default 128, standing for the model's context), ``logprobs`` (null: none),
-  ``stop_token_ids``, ``stream_interval``; ``stream_options.include_usage``, ``request_id``),
+  ``stop_token_ids``, ``stream_interval``, ``routed_experts_prompt_start`` (routed-expert rows
+  from that position on, 0 to the prompt's length); ``stream_options.include_usage``, ``request_id``),
   written by fastaccum.emulator.writer_vllm in the shape of ``vllm_shape``. Tokens are keyed by the
   ``request_id`` (``expected(request_id, n)``; the ``X-Request-Id`` header overrides it), but the
   chunks, the stats and every abort use vLLM's own id, ``VLLM_ID_PREFIX + request_id``

@@ -171,8 +171,18 @@ class Host(Protocol):
     def queued(self) -> int: ...
 
     def expected(
-        self, rid: str, n: int, *, prompt_tokens: int = ..., top_p: bool = ..., routed_experts: bool = ...
+        self,
+        rid: str,
+        n: int,
+        *,
+        prompt_tokens: int = ...,
+        top_p: bool = ...,
+        routed_experts: bool = ...,
+        routed_start: int = ...,
+        first_position: int = ...,
     ) -> writer.Generation: ...
+
+    def key_of(self, rid: str, prompt: list[int] | str) -> tuple[str, int]: ...
 
     def abort(self, rid: str = "", *, abort_all: bool = False) -> int: ...
 
@@ -282,8 +292,22 @@ class VllmServer:
             raise ValueError("sampling distribution replay requires top_k > 0")
         options = body.get("stream_options") or {}
         routed = host.enable_return_routed_experts
+        start = params.get("routed_experts_prompt_start", 0)
+        if type(start) is not int or not 0 <= start <= len(ids):  # vLLM's input processor checks it
+            raise ValueError(
+                f"routed_experts_prompt_start must be between 0 and the prompt length ({len(ids)}), inclusive."
+            )
         # Tokens are keyed by the id the client gave; the wire (and every abort) uses vLLM's own.
-        gen = host.expected(base, max_tokens, prompt_tokens=len(ids), top_p=mask, routed_experts=routed)
+        key, first = host.key_of(base, ids)
+        gen = host.expected(
+            key,
+            max_tokens,
+            prompt_tokens=len(ids),
+            top_p=mask,
+            routed_experts=routed,
+            routed_start=start if routed else 0,
+            first_position=first,
+        )
         rid = VLLM_ID_PREFIX + base
         stops = set(params.get("stop_token_ids") or ())
         hit = next((i for i, t in enumerate(gen.token_ids) if t in stops), None)

@@ -83,6 +83,7 @@ class Emulator:
         dialect: str = "sglang",
         vllm_shape: str = "0.32",
         return_sampling_mask: bool = False,
+        greedy: bool = False,
     ) -> None:
         if version not in ("0.5.23", "0.5.15"):
             raise ValueError(f"version must be '0.5.23' or '0.5.15', not {version!r}")
@@ -105,6 +106,7 @@ class Emulator:
         self.token_rate = token_rate if token_rate else None
         self.max_running_requests = max(1, max_running_requests)
         self.seed = seed
+        self.greedy = greedy
         self.version = version
         self.fault = fault
         # Token texts without U+2028/U+2029/U+0085, for clients that read lines with splitlines().
@@ -196,12 +198,14 @@ class Emulator:
         finish_reason: dict[str, Any] | None = None,
         routed_start: int = 0,
         indexer_topk: bool = False,
+        first_position: int = 0,
     ) -> Generation:
         """The first ``n`` tokens this server generates for ``rid`` (a pure function of seed, rid, position).
 
         ``prompt_tokens`` only shapes the replay rows (routed experts from ``routed_start`` on,
         indexer top-k): pass ``len(input_ids)`` (or ``prompt_tokens_of(text)``). ``finish_reason``
-        defaults to ``length``.
+        defaults to ``length``. A greedy server's truth is ``expected(*emulator.key_of(prompt), n,
+        ...)``.
         """
         if finish_reason is None:
             finish_reason = {"type": "length", "length": n}
@@ -217,7 +221,19 @@ class Emulator:
             routed_start=routed_start,
             indexer_shape=self.indexer_shape if indexer_topk else None,
             text_pieces=self.text_pieces,
+            first_position=first_position,
         )
+
+    def key_of(self, rid: str, prompt: list[int] | str) -> tuple[str, int]:
+        """What a request's tokens are a function of, with where its first token falls: its rid
+        and 0; in greedy mode its prompt's first token (or word) and the prompt's length, so that
+        a request for prompt + k generated tokens continues the first one, as a greedy model's
+        would (resumes are tested against it)."""
+        if not self.greedy:
+            return rid, 0
+        if isinstance(prompt, str):
+            return f"greedy:{prompt.split()[0] if prompt.split() else ''}", self.prompt_tokens_of(prompt)
+        return f"greedy:{prompt[0]}", len(prompt)
 
     @staticmethod
     def prompt_tokens_of(text: str) -> int:
@@ -382,15 +398,18 @@ class Emulator:
         if asked and (type(start) is not int or not 0 <= start <= prompt_tokens):
             raise ValueError(f"routed_experts_start_len must be in [0, {prompt_tokens}], not {start!r}")
         indexer = bool(body.get("return_indexer_topk")) and self.enable_return_indexer_topk
+        key, first = self.key_of(rid, ids if "input_ids" in body else body["text"])
         gen = self.expected(
-            rid,
+            key,
             max_new,
             prompt_tokens=prompt_tokens,
             top_p=top_p,
             routed_experts=routed,
             routed_start=start if routed else 0,
             indexer_topk=indexer,
+            first_position=first,
         )
+        gen = dataclasses.replace(gen, rid=rid) if key != rid else gen
         stops = set(params.get("stop_token_ids") or ())
         if stops:
             hit = next((i for i, t in enumerate(gen.token_ids) if t in stops), None)

@@ -218,12 +218,16 @@ def synthetic_generation(
     indexer_shape: tuple[int, int] | None = None,
     null_logprob_every: int = 0,
     text_pieces: Sequence[str] = TEXT_PIECES,
+    first_position: int = 0,
 ) -> Generation:
     """A deterministic generation of ``n`` tokens for ``rid``; token i never depends on ``n``.
-    Tokens, log-probs, texts and top-p rows are computed on first read, a block at a time."""
+    Tokens, log-probs, texts and top-p rows are computed on first read, a block at a time.
+    ``first_position``: where token 0 falls in the hashed sequence; the emulator's greedy mode
+    passes the prompt's length, so that a request for prompt + k tokens continues the first one
+    (the replay rows are hashed by position in the sequence, prompt included, whatever it is)."""
 
     def block(start: int, stop: int) -> tuple[list[Any], ...]:
-        pos = np.arange(start, stop, dtype=np.uint64)
+        pos = np.arange(first_position + start, first_position + stop, dtype=np.uint64)
         h = _hash_u64(seed, rid, 1, pos)
         ids = (h % np.uint64(vocab)).astype(np.int64)
         # float32 logprobs widened to double, as SGLang's .tolist() does: 17-digit reprs, e-notation.
