@@ -34,11 +34,11 @@ except ImportError as exc:  # an optional extra: say how to get it, not where th
     ) from None
 
 from fastaccum._core.dialects import check_dialect
+from fastaccum._core.resume import routed_start_of
 from fastaccum._impl import StreamAccumulator
 from fastaccum.errors import ShardError
 from fastaccum.result import StreamResult
 from fastaccum.transport.client import Client, ClientStream
-from fastaccum.transport.consumer import routed_start_of
 from fastaccum.transport.request import check_drain
 
 __all__ = (
@@ -446,7 +446,7 @@ class ShardStream:
     def _empty(self) -> StreamResult:
         options = {k: v for k, v in self._options.items() if k in _CORE_OPTIONS and v is not None}
         options.setdefault("dialect", self._client._dialect)
-        return StreamAccumulator(routed_start=routed_start_of(self._payload), **options).snapshot()
+        return StreamAccumulator(routed_start=routed_start_of(self._payload, options["dialect"]), **options).snapshot()
 
 
 # Client.stream()'s options that the accumulator takes (what an empty result is shaped by).

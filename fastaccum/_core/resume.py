@@ -24,7 +24,7 @@ from fastaccum._core.policy import DIALECTS
 from fastaccum.errors import StreamFormatError, StreamLengthError
 from fastaccum.result import StreamResult
 
-__all__ = ("resume_payload", "join", "prompt_tokens_of")
+__all__ = ("resume_payload", "join", "prompt_tokens_of", "routed_start_of")
 
 SGLANG, DYNAMO, VLLM = DIALECTS
 # Per dialect: the prompt's key, the budget's key in sampling_params, where the routed experts'
@@ -46,8 +46,11 @@ def prompt_tokens_of(result: StreamResult) -> int | None:
     return count if type(count) is int and count >= 0 else None
 
 
-def _routed_start(payload: Mapping[str, Any], dialect: str) -> int:
-    where, key = _KEYS[dialect][2]
+def routed_start_of(payload: Mapping[str, Any], dialect: str = SGLANG) -> int:
+    """The first routed-experts row a request asks for (SGLang's ``routed_experts_start_len``,
+    vLLM's ``sampling_params.routed_experts_prompt_start``). The stream does not say it, so the
+    accumulator is told; 0 where it is not a valid count (the server refuses such a request)."""
+    where, key = _KEYS[dialect][2] if dialect in _KEYS else _KEYS[SGLANG][2]
     holder = payload if where == "payload" else payload.get("sampling_params") or {}
     start = holder.get(key, 0) if isinstance(holder, Mapping) else 0
     return start if type(start) is int and start >= 0 else 0
@@ -88,7 +91,7 @@ def resume_payload(payload: Mapping[str, Any], kept: StreamResult, *, dialect: s
         params[budget_key] = budget - held
     out = {key: value for key, value in payload.items() if key != id_key}
     out[prompt_key] = [*prompt, *kept.token_ids.tolist()]
-    start = _routed_start(payload, dialect) + _rows(kept.routed_experts, _width(kept, len(prompt), payload, dialect))
+    start = routed_start_of(payload, dialect) + _rows(kept.routed_experts, _width(kept, len(prompt), payload, dialect))
     if start:
         if where == "payload":
             out[start_key] = start
@@ -104,7 +107,7 @@ def _width(result: StreamResult, prompt: int, payload: Mapping[str, Any], dialec
     array = result.routed_experts
     if array is None or array.ndim > 1:
         return None
-    rows = prompt + len(result) - 1 - _routed_start(payload, dialect)
+    rows = prompt + len(result) - 1 - routed_start_of(payload, dialect)
     return array.size // rows if rows > 0 and array.size % rows == 0 else None
 
 

@@ -10,9 +10,11 @@ check every token with ``Emulator.expected``. ``greedy=True`` keys them by the p
 and each token's position in the sequence instead (``Emulator.key_of``): a request for prompt + k
 generated tokens continues the first exactly, as a greedy model's does, which is what resumes are
 tested against. A non-streaming request (``"stream": false``) is answered once, at its end, with
-what its stream's terminal event would hold; an aborted one with everything decoded so far. Each running request has a decode task that produces
-tokens and queues outputs; the HTTP handler drains the queue like SGLang's tokenizer manager:
-cumulative mode sends only the newest output (dropped frames), incremental mode coalesces them.
+what its stream's terminal event would hold; an aborted one with everything decoded so far.
+
+Each running request has a decode task that produces tokens and queues outputs; the HTTP handler
+drains the queue like SGLang's tokenizer manager: cumulative mode sends only the newest output
+(dropped frames), incremental mode coalesces them.
 
 Request keys: ``input_ids`` or ``text``, ``sampling_params`` (``max_new_tokens`` default 128,
 ``stream_interval``, ``stop_token_ids``, ``custom_params.return_top_p_token_ids``),

@@ -27,6 +27,7 @@ import aiohttp
 from aiohttp.http_exceptions import HttpProcessingError
 
 from fastaccum._core.dialects import request_for, route_hint
+from fastaccum._core.resume import routed_start_of
 from fastaccum._impl import StreamAccumulator
 from fastaccum.errors import (
     ServerError,
@@ -36,7 +37,7 @@ from fastaccum.errors import (
     StreamTimeoutError,
 )
 from fastaccum.result import StreamResult
-from fastaccum.transport.consumer import AccumulatorLike, StreamConsumer, routed_start_of
+from fastaccum.transport.consumer import AccumulatorLike, StreamConsumer
 from fastaccum.transport.http1 import connect_error, status_error
 from fastaccum.transport.retry import DEFAULT_RETRY_MAX_DELAY_S
 
@@ -83,7 +84,7 @@ class GenerateStream(StreamConsumer):
             expert_shape=expert_shape,
             max_event_bytes=max_event_bytes,
             indexer_shape=indexer_shape,
-            routed_start=routed_start_of(payload),
+            routed_start=routed_start_of(payload, dialect),
             dialect=dialect,
             routed_dtype=routed_dtype,
             require_routed_experts=require_routed_experts,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import re
-from collections.abc import AsyncIterable, Mapping
+from collections.abc import AsyncIterable
 from typing import TYPE_CHECKING, Any
 
 from fastaccum._impl import StreamAccumulator
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 else:
     AccumulatorLike = Any
 
-__all__ = ("StreamConsumer", "consume", "not_an_event_stream", "routed_start_of", "ERROR_BODY_CHARS", "AccumulatorLike")
+__all__ = ("StreamConsumer", "consume", "not_an_event_stream", "ERROR_BODY_CHARS", "AccumulatorLike")
 
 # An HTTP error body is quoted in the exception message up to this many characters.
 ERROR_BODY_CHARS = 2000
@@ -336,14 +336,6 @@ class StreamConsumer:
 
     def _close(self) -> None:
         """Release transport resources once run() ends; the iterator's owner closes its transport."""
-
-
-def routed_start_of(payload: Mapping[str, Any]) -> int:
-    """The request's routed_experts_start_len: SGLang returns routed experts from that row on and
-    does not say so in the stream, so the accumulator must be told (0 where it is not a valid
-    count: the server refuses such a request itself)."""
-    start = payload.get("routed_experts_start_len")
-    return start if type(start) is int and start >= 0 else 0
 
 
 async def consume(

@@ -16,11 +16,12 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from fastaccum._core.dialects import VLLM, request_for, route_hint
+from fastaccum._core.resume import routed_start_of
 from fastaccum._impl import StreamAccumulator
 from fastaccum.errors import StreamConnectionError, StreamError, StreamFormatError
 from fastaccum.result import StreamResult, StreamTiming
 from fastaccum.transport.abort_sender import AbortSender, Drain
-from fastaccum.transport.consumer import AccumulatorLike, StreamConsumer, routed_start_of
+from fastaccum.transport.consumer import AccumulatorLike, StreamConsumer
 from fastaccum.transport.http1 import Body, BodyFraming, Connection, ResponseHead, framing_of, read_head, request_bytes
 from fastaccum.transport.pacing import ReadPacer, Resumer
 from fastaccum.transport.timing import ReadTimeout, RequestClock, timeout_error
@@ -76,7 +77,9 @@ class ClientStream(StreamConsumer):
         **core: Any,  # StreamConsumer's options: the accumulator's (mode, expert_shape, ...), retries
     ) -> None:
         request = request_for(dialect, payload, client._new_rid, {**client._header_fields, **(headers or {})})
-        super().__init__(None, routed_start=routed_start_of(payload), dialect=dialect, body=not request.streams, **core)
+        super().__init__(
+            None, routed_start=routed_start_of(payload, dialect), dialect=dialect, body=not request.streams, **core
+        )
         self._client = client
         self._dialect = dialect
         self._default_path = path is None  # the dialect's own route (a 404 there names the dialect)
