@@ -21,7 +21,7 @@ from fastaccum._cy.fa_bytes cimport fa_find_bytes, fa_rfind_bytes
 from fastaccum._cy.fields cimport Event, read_id_list, read_logprob_list, read_uint_at
 from fastaccum._cy.framing cimport EventSink, SseFramer, ValueStream
 from fastaccum._cy.lengths cimport check_logprobs, check_total, event_mode, text_after
-from fastaccum._cy.scan cimport scan_event
+from fastaccum._cy.scan cimport LIFTED_IDS, LIFTED_LOGPROBS, lift_lists, scan_event
 from fastaccum._cy.scan_chunk cimport scan_chunk
 from fastaccum._cy.stream cimport SpanScan, simd_decoder
 
@@ -51,6 +51,9 @@ cdef str CUMULATIVE = MODES[1]
 cdef str VLLM = DIALECTS[2]
 # Cumulative events after this many full parses are only light-checked (docs/core.md).
 cdef Py_ssize_t _FULL_PARSES_BEFORE_LIGHT = 2
+# Events whose JSON (base64 cut out) is this large have their token lists read by the scanner
+# (a non-streaming answer, a cumulative terminal event): orjson would build objects per token.
+cdef Py_ssize_t _LIFT_AFTER_BYTES = 64 << 10
 cdef const char* _FINISH_KEY = b'"finish_reason":'
 cdef const char* _COMPLETION_KEY = b'"completion_tokens":'
 _orjson_loads = orjson.loads
@@ -98,7 +101,9 @@ cdef class _CompiledAccumulator(EventSink):
     cdef Buffer _out_ids
     cdef readonly ChunkedDecoder _chunks  # feed_chunked()'s decoder, made on first use
     # Debugging switches, per accumulator (_debug()): the fast paths change speed, never results.
-    cdef bint _fast_scan  # ordinary events go to the scanner
+    cdef bint _fast_scan  # ordinary events go to the scanner, large ones' token lists too
+    cdef Py_ssize_t _lift_after_bytes  # from this JSON size on, an event's token lists are lifted
+    cdef readonly Py_ssize_t _lifted_events  # events whose token lists were lifted (tests look)
     cdef readonly bint _own_decoder  # streamed base64 goes through fastaccum's AVX2 loop
 
     def _start(self, max_event_bytes):
@@ -111,15 +116,19 @@ cdef class _CompiledAccumulator(EventSink):
         self._lp_values = Buffer(np.float64)
         self._out_ids = Buffer(np.int32)
         self._fast_scan = True
+        self._lift_after_bytes = _LIFT_AFTER_BYTES
         self._own_decoder = simd_decoder()  # where the CPU has AVX2
 
-    def _debug(self, *, fast_scan=None, stream_after_bytes=None, decode_in_place=None):
-        """Debugging and test hook: send ordinary events to the orjson path (``fast_scan=False``),
+    def _debug(self, *, fast_scan=None, stream_after_bytes=None, decode_in_place=None, lift_after_bytes=None):
+        """Debugging and test hook: send every event to the orjson path whole (``fast_scan=False``),
         stream events from ``stream_after_bytes`` on (a huge value turns streaming off, 0 streams
-        every event), or decode streamed base64 with pybase64 alone (``decode_in_place=False``;
-        never on without AVX2). Returns the accumulator."""
+        every event), lift the token lists of events from ``lift_after_bytes`` of JSON on (0: of
+        every event the scanner does not read), or decode streamed base64 with pybase64 alone
+        (``decode_in_place=False``; never on without AVX2). Returns the accumulator."""
         if fast_scan is not None:
             self._fast_scan = fast_scan
+        if lift_after_bytes is not None:
+            self._lift_after_bytes = lift_after_bytes
         if stream_after_bytes is not None:
             self._framer.stream_after_bytes = stream_after_bytes
         if decode_in_place is not None:
@@ -252,6 +261,7 @@ cdef class _CompiledAccumulator(EventSink):
         ``light_checked``: the event was counted when the light check kept it."""
         cdef Event event
         cdef dict streamed = None  # replay values decoded while the event arrived
+        cdef int lifted = 0
         if self._fast_scan and scan is None and self._apply_if_scanned(
             <const unsigned char*>PyByteArray_AS_STRING(data), PyByteArray_GET_SIZE(data), index, light_checked,
             False
@@ -268,19 +278,29 @@ cdef class _CompiledAccumulator(EventSink):
             json_bytes, spans = cut_b64_spans(data)
         if self._dialect is VLLM:
             return self._apply_chunk(data, index, json_bytes, spans, streamed, scan, light_checked)
-        parsed = read_event(
-            index, data, json_bytes, spans, scan.original if streamed is not None else None, self._dialect
-        )
+        original = scan.original if streamed is not None else None
+        if self._fast_scan and len(json_bytes) >= self._lift_after_bytes:
+            rest = lift_lists(json_bytes, self._out_ids, self._lp_ids, self._lp_values, &lifted)
+        if lifted:
+            try:
+                parsed = read_event(index, data, rest, spans, original, self._dialect)
+            except StreamError:
+                lifted = 0  # the original's error, as the orjson path words it
+            else:
+                lifted = lifted if _landed(parsed.obj, parsed.meta, lifted) else 0
+                self._lifted_events += lifted != 0
+        if not lifted:
+            parsed = read_event(index, data, json_bytes, spans, original, self._dialect)
         if not parsed.spans:
             streamed = None  # parsed whole, from the original bytes
         obj = parsed.obj
         meta = parsed.meta
         event.event_index = index
         event.has_output_ids = "output_ids" in obj
-        if event.has_output_ids:
+        if event.has_output_ids and not lifted & LIFTED_IDS:
             read_id_list(index, "output_ids", obj["output_ids"], self._out_ids)
         event.has_logprobs = "output_token_logprobs" in meta
-        if event.has_logprobs:
+        if event.has_logprobs and not lifted & LIFTED_LOGPROBS:
             read_logprob_list(index, meta["output_token_logprobs"], self._lp_ids, self._lp_values)
         check_logprobs(index, self._has_logprobs, event.has_logprobs)
         event.completion_tokens, event.logprobs_length, event.prompt_tokens, text = event_counts(index, obj, meta)
@@ -448,3 +468,17 @@ class StreamAccumulator(_CompiledAccumulator, AccumulatorBase):
 def accumulate(pieces, /, **kwargs):
     """Feed every piece to a new StreamAccumulator(**kwargs), then finish()."""
     return StreamAccumulator(**kwargs)._feed_all(pieces)
+
+
+cdef bint _landed(object obj, object meta, int lifted) except -1:
+    """Each lifted list's ``[]`` is where its key belongs (output_ids in the event, the log-probs
+    in meta_info): a key found nested elsewhere leaves the real one unread."""
+    if lifted & LIFTED_IDS:
+        value = obj.get("output_ids")
+        if type(value) is not list or len(<list>value):
+            return False
+    if lifted & LIFTED_LOGPROBS:
+        value = meta.get("output_token_logprobs")
+        if type(value) is not list or len(<list>value):
+            return False
+    return True

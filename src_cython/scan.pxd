@@ -11,6 +11,13 @@ from fastaccum._cy.fields cimport Event
 cdef int scan_event(const unsigned char* base, Py_ssize_t n, Buffer out_ids, Buffer lp_ids, Buffer lp_values,
                     Py_ssize_t skip, Event* r) except -1
 
+cdef enum:
+    LIFTED_IDS = 1
+    LIFTED_LOGPROBS = 2
+
+# A large event's token lists read into the staging buffers, the rest left for orjson.
+cdef object lift_lists(object json_bytes, Buffer out_ids, Buffer lp_ids, Buffer lp_values, int* lifted)
+
 # The JSON readers the scanners share (fastaccum._cy.scan_chunk reads vLLM's chunks with them).
 cdef const unsigned char* skip_string(const unsigned char* p, const unsigned char* end, bint* escaped) noexcept nogil
 cdef const unsigned char* scan_number(const unsigned char* p, const unsigned char* end, double* out,

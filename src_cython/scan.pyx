@@ -15,6 +15,7 @@ from libc.stdint cimport INT32_MAX, int32_t, uint64_t
 from libc.string cimport memcmp
 
 from fastaccum._cy.buffers cimport Buffer, float64s, int32s
+from fastaccum._cy.fa_bytes cimport fa_find_bytes
 from fastaccum._cy.fields cimport Event
 from fastaccum._cy.fa_scan cimport (
     FA_NUMBER_BAD,
@@ -265,6 +266,61 @@ cdef int scan_event(const unsigned char* base, Py_ssize_t n, Buffer out_ids, Buf
         if p[0] != 44:
             return 0
         p += 1
+
+
+cdef object lift_lists(object json_bytes, Buffer out_ids, Buffer lp_ids, Buffer lp_values, int* lifted):
+    """A large event's ``output_ids`` and ``output_token_logprobs`` read straight into the staging
+    buffers, and the event's bytes with each value read replaced by ``[]``, for orjson to parse the
+    rest without a Python object per token; ``lifted`` says which were read (LIFTED_IDS,
+    LIFTED_LOGPROBS). A key found twice or not right after ``{`` or ``,`` (not compact JSON), or
+    a value the scanner does not read, stays for orjson. The caller checks that each ``[]`` landed
+    where the key belongs (a key nested elsewhere would not) and parses the original otherwise."""
+    cdef const unsigned char[::1] view = json_bytes
+    cdef const unsigned char* base = &view[0] if view.shape[0] else NULL
+    cdef Py_ssize_t n = view.shape[0]
+    cdef Py_ssize_t at_ids = -1, at_lp = -1, end_ids = 0, end_lp = 0
+    cdef const unsigned char* q
+    lifted[0] = 0
+    if n == 0:
+        return json_bytes
+    at_lp = _only_key(base, n, b'"output_token_logprobs":', 24)
+    if at_lp >= 0:
+        q = _scan_logprobs(base + at_lp, base + n, lp_ids, lp_values, 0)
+        if q != NULL:
+            end_lp = q - base
+            lifted[0] |= LIFTED_LOGPROBS
+    at_ids = _only_key(base, n, b'"output_ids":', 13)
+    if at_ids >= 0:
+        q = scan_ids(base + at_ids, base + n, out_ids)
+        if q != NULL:
+            end_ids = q - base
+            lifted[0] |= LIFTED_IDS
+    if not lifted[0]:
+        return json_bytes
+    cuts = sorted(
+        [(at, end) for at, end, flag in ((at_lp, end_lp, LIFTED_LOGPROBS), (at_ids, end_ids, LIFTED_IDS))
+         if lifted[0] & flag]
+    )
+    parts = []
+    start = 0
+    for at, end in cuts:
+        parts.append(json_bytes[start:at])
+        parts.append(b"[]")
+        start = end
+    parts.append(json_bytes[start:])
+    return b"".join(parts)
+
+
+cdef Py_ssize_t _only_key(const unsigned char* base, Py_ssize_t n, const char* key, Py_ssize_t m) noexcept:
+    """Where the value of ``key`` (quoted, with its colon) starts when it is a list and the key
+    occurs once, right after ``{`` or ``,``; else -1. Inside a JSON string every quote follows a
+    backslash, so the quoted key followed by its colon is never a string's content."""
+    cdef Py_ssize_t at = fa_find_bytes(<const char*>base, n, key, m, 0)
+    if at <= 0 or at + m >= n or fa_find_bytes(<const char*>base, n, key, m, at + 1) >= 0:
+        return -1
+    if (base[at - 1] != 123 and base[at - 1] != 44) or base[at + m] != 91:
+        return -1
+    return at + m
 
 
 cdef const unsigned char* scan_ids(const unsigned char* p, const unsigned char* end,

@@ -1,8 +1,11 @@
 """The compiled twin's native event scanner reads exactly what the orjson path reads.
 
-Ordinary events are scanned straight from the bytes (no Python object per token). The numbers
-must be bit-identical to orjson's parse, and every event the scanner is unsure of must fall back
-to orjson. ``_debug(fast_scan=False)`` forces the orjson path, which these tests compare against.
+Ordinary events are scanned straight from the bytes (no Python object per token), and so are the
+token lists of large events the scanner does not read whole (a non-streaming answer, a cumulative
+terminal event: "lifted", the rest parsed by orjson). The numbers must be bit-identical to
+orjson's parse, and every event or list the scanner is unsure of must fall back to orjson.
+``_debug(fast_scan=False)`` forces the orjson path, which these tests compare against;
+``_debug(lift_after_bytes=0)`` lifts the lists of every such event, however small.
 """
 
 from __future__ import annotations
@@ -19,7 +22,14 @@ import numpy as np
 import orjson
 import pytest
 
-from fastaccum.emulator.writer import WireOptions, split_pieces, stream_bytes, stream_events, synthetic_generation
+from fastaccum.emulator.writer import (
+    WireOptions,
+    normal_event,
+    split_pieces,
+    stream_bytes,
+    stream_events,
+    synthetic_generation,
+)
 
 pytestmark = pytest.mark.c_extension
 
@@ -32,8 +42,9 @@ def cy() -> ModuleType:
 
 
 def _agree(cy, outcomes, data: bytes, **kwargs) -> None:
-    fast = outcomes.run(cy, [data], **kwargs)
-    outcomes.assert_same(fast, outcomes.run(cy, [data], debug={"fast_scan": False}, **kwargs))
+    slow = outcomes.run(cy, [data], debug={"fast_scan": False}, **kwargs)
+    outcomes.assert_same(outcomes.run(cy, [data], **kwargs), slow)
+    outcomes.assert_same(outcomes.run(cy, [data], debug={"lift_after_bytes": 0}, **kwargs), slow)
 
 
 def _scanned(acc) -> bool:
@@ -230,6 +241,16 @@ EDITS = [
     lambda d: d.replace(b'"id":"scan"', b'"id":"scan","x":1e-400', 1),
     lambda d: d.replace(b'"id":"scan"', b'"id":"scan","x":0.' + b"0" * 400 + b"1e700", 1),
     lambda d: d.replace(b'"id":"scan"', b'"id":"scan","x":1e308', 1),
+    # a lifted list's key twice, or nested where it does not belong: the lists stay for orjson
+    lambda d: d.replace(b'"id":"scan"', b'"id":"scan","x":{"output_token_logprobs":[[-1.0,5,null]]}', 1),
+    lambda d: d.replace(b'"output_token_logprobs":', b'"output_token_logprobz":', 1).replace(
+        b'"id":"scan"', b'"id":"scan","x":{"output_token_logprobs":[[-1.0,5,null]]}', 1
+    ),
+    lambda d: d.replace(b'"output_ids":[', b'"output_idz":[', 1).replace(
+        b'"meta_info":{', b'"meta_info":{"output_ids":[7],', 1
+    ),
+    lambda d: d.replace(b'"text":"', b'"text":"\\"output_ids\\":[1]', 1),  # the key's bytes inside a string
+    lambda d: d.replace(b',"output_ids":[', b',\n"output_ids":[', 1),  # not right after a comma
 ]
 
 
@@ -276,6 +297,28 @@ def test_streams_match_the_orjson_path(cy, outcomes, incremental: bool, interval
             acc.feed(data[terminal:])
             fast = acc.finish()
             slow = cy.StreamAccumulator()._debug(fast_scan=False)
+            lifted = cy.StreamAccumulator()._debug(lift_after_bytes=0)  # the terminal event's lists
             for part in split_pieces(data, [piece]):
                 slow.feed(part)
-            outcomes.assert_same_result(fast, slow.finish())
+                lifted.feed(part)
+            expected = slow.finish()
+            outcomes.assert_same_result(fast, expected)
+            outcomes.assert_same_result(lifted.finish(), expected)
+            assert lifted._lifted_events == 1
+
+
+@pytest.mark.parametrize("logprob_text", [False, True])
+def test_a_large_answers_lists_are_lifted_and_read_as_orjson_reads_them(cy, outcomes, logprob_text: bool) -> None:
+    """A non-streaming answer of 5,000 tokens (JSON well past the lifting size), with routed
+    experts streamed into their array: the lists are read by the scanner, the rest by orjson."""
+    gen = synthetic_generation("lift", 5000, prompt_tokens=30, expert_shape=(2, 2), top_p=True, null_logprob_every=9)
+    opts = WireOptions(logprob_text=logprob_text)
+    event = normal_event(gen, opts, 0, 5000, terminal=True, finish_reason=gen.finish_reason, first=True)
+    data = stream_bytes([event])
+    assert len(data) > 64 << 10
+    for debug in ({}, {"stream_after_bytes": 0}):
+        fast = outcomes.run(cy, [data], expert_shape=(2, 2), debug=debug)
+        outcomes.assert_same(fast, outcomes.run(cy, [data], expert_shape=(2, 2), debug={"fast_scan": False}))
+        acc = cy.StreamAccumulator(expert_shape=(2, 2))._debug(**debug)
+        acc.feed(data)
+        assert acc.finish().routed_experts is not None and acc._lifted_events == 1

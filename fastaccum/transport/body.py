@@ -341,6 +341,7 @@ class BodyReader:
         if self._shape == "object":
             assert self._event is not None
             self._results.append(self._event.end())
+            self._event = None  # its buffers (the event's bytes) go now, not with the reader
         elif not self._ended:
             raise StreamTruncatedError(
                 f"the body ended inside its list of answers, after {len(self._results)}", event_index=len(self._results)

@@ -6,10 +6,16 @@ whether the body is an HTTP chunked body (fed with ``feed_chunked()``, bit 7 of 
 whether the compiled twin streams every event's base64
 (the threshold of its streamed decode set to 0, and its own decoder or pybase64), and a seed for
 cutting the body into pieces (whole, single bytes, or random sizes up to 4 KiB). Each input runs
-three times: the compiled twin on the pieces, the pure twin on the same pieces, and the compiled
-twin on the whole body. All three must end the same way: the same result, or the same error
-class, message and attributes, and the same snapshot() afterwards (nothing half-applied). Any
-exception that is not a StreamError is a bug.
+four times: the compiled twin on the pieces, the pure twin on the same pieces, the compiled twin
+on the whole body, and the compiled twin with the token lists of every event it does not scan
+whole read by its scanner ("lifted", as a large event's are). All must end the same way: the same
+result, or the same error class, message and attributes, and the same snapshot() afterwards
+(nothing half-applied). Any exception that is not a StreamError is a bug.
+
+A body that starts (after whitespace) with ``{`` or ``[`` is also read as a non-streaming answer
+(``fastaccum.transport.body.BodyReader``, SGLang's object or batch list, vLLM's object) on both
+twins, in the same pieces: the same results, or the same error and the same answers read whole
+before it.
 
 Besides libFuzzer's byte mutations, a custom mutator edits the body as SSE and JSON: it swaps a
 JSON value for a hostile one (wrong type, 2**63, nesting, surrogates), nudges numbers, corrupts
@@ -238,13 +244,45 @@ def check_input(data: bytes, twins: tuple[ModuleType, ModuleType] | None = None)
         run_twin(py, pieces, kwargs, method),
         run_twin(cy, pieces, kwargs, method, debug),
         run_twin(cy, [body], kwargs, method, debug),
+        run_twin(cy, pieces, kwargs, method, {**debug, "lift_after_bytes": 0}),
     ]
-    reference = outcomes[0]
-    for label, other in zip(("compiled twin", "compiled twin, one piece"), outcomes[1:]):
-        if other != reference:
-            raise TwinMismatch(
-                f"{label} disagrees with the pure twin:\n  py: {_short(reference)}\n  cy: {_short(other)}"
-            )
+    labels = ("compiled twin", "compiled twin, one piece", "compiled twin, lists lifted")
+    for label, other in zip(labels, outcomes[1:]):
+        _agree(label, outcomes[0], other)
+    if body.lstrip(b" \t\r\n")[:1] in (b"{", b"[") and method == "feed":
+        answer = run_body(py, pieces, kwargs)
+        _agree("compiled twin, the body as a non-streaming answer", answer, run_body(cy, pieces, kwargs, debug))
+        lifted = run_body(cy, pieces, kwargs, {**debug, "lift_after_bytes": 0})
+        _agree("compiled twin, the body as a non-streaming answer, lists lifted", answer, lifted)
+
+
+def _agree(label: str, reference: Any, other: Any) -> None:
+    if other != reference:
+        raise TwinMismatch(f"{label} disagrees with the pure twin:\n  py: {_short(reference)}\n  cy: {_short(other)}")
+
+
+def run_body(impl: ModuleType, pieces: list[bytes], kwargs: dict[str, Any], debug: dict[str, Any] | None = None) -> Any:
+    """The pieces read as one non-streaming answer on ``impl``: its results (or the error and the
+    answers read whole before it), in comparable form."""
+    from fastaccum.errors import StreamError
+    from fastaccum.transport.body import BodyReader
+
+    def accumulator(**options: Any) -> Any:
+        acc = impl.StreamAccumulator(**options)
+        return acc._debug(**debug) if debug else acc
+
+    options = {k: v for k, v in kwargs.items() if k != "dialect"}
+    try:
+        reader = BodyReader(dialect=kwargs["dialect"], accumulator=accumulator, **options)
+        for piece in pieces:
+            reader.feed(piece)
+        results = reader.results()
+    except StreamError as exc:
+        done = reader.completed if "reader" in locals() else []
+        return ("error", error_key(exc), [summary(r) for r in done])
+    for r in results if isinstance(results, list) else [results]:
+        check_consistent(r, f"{impl.__name__} answer")
+    return ("ok", [summary(r) for r in results] if isinstance(results, list) else summary(results))
 
 
 def _short(outcome: tuple[Any, ...]) -> str:
@@ -354,8 +392,8 @@ def _hostile(rng: random.Random) -> Any:
 
 
 def _mutate_json(event: bytes, rng: random.Random) -> bytes:
-    prefix = b"data: "
-    if not event.startswith(prefix):
+    prefix = b"data: " if event.startswith(b"data: ") else b""
+    if not prefix and event.lstrip()[:1] not in (b"{", b"["):  # neither an event nor a whole answer
         return event
     try:
         obj = orjson.loads(event[len(prefix) :])
@@ -371,7 +409,7 @@ def _mutate_json(event: bytes, rng: random.Random) -> bytes:
         body = orjson.dumps(obj)
     except (TypeError, orjson.JSONEncodeError, KeyError, IndexError):
         return event
-    if rng.random() < 0.1:
+    if prefix and rng.random() < 0.1:
         # Several data lines of one event, joined by LF on the way in.
         body = orjson.dumps(obj, option=orjson.OPT_INDENT_2).replace(b"\n", b"\ndata:")
     return prefix + body

@@ -164,6 +164,16 @@ def seeds() -> dict[str, bytes]:
         header(AUTO) + writer_vllm.sse(writer_vllm.chunk(gv, 0, 1)) + writer_vllm.error_chunk("boom") + DONE
     )
 
+    # Non-streaming answers (a body that starts with { or [ is also read as one): SGLang's, with
+    # its arrays; a batch of two; vLLM's; an error body.
+    whole = normal_event(g, cum, 0, 7, terminal=True, finish_reason=g.finish_reason, first=True)
+    out["body-sglang"] = header(AUTO | SHAPE, 2) + orjson.dumps(whole)
+    out["body-sglang-batch"] = header(CUM, 1) + b"[" + orjson.dumps(whole) + b", " + orjson.dumps(whole) + b"]"
+    out["body-vllm"] = header(AUTO | SHAPE, 2) + orjson.dumps(
+        writer_vllm.chunk(gv, 0, 6, finish="length", routed=True, shape="0.32")
+    )
+    out["body-error"] = header(AUTO) + b'{"error": {"message": "prompt too long", "code": 400}}'
+
     # Reported core bugs (docs/reliability.md); test_fuzz_corpus.py expects these to fail until fixed.
     out["bug-B1-nested-error"] = header(AUTO) + b'data: {"error":' + b"[" * 1000 + b"]" * 1000 + b"}\n\n"
     out["bug-B2-b64-outside-meta"] = header(AUTO) + b'data: {"routed_experts":"\x01","meta_info":{}}\n\n'
