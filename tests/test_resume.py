@@ -177,3 +177,18 @@ def test_segments_that_disagree_on_log_probs_are_refused() -> None:
     with pytest.raises(StreamFormatError, match="some segments carry log-probs and others do not"):
         without = dataclasses.replace(segment([2], prompt=6, held_rows=None), logprobs=None)
         fastaccum.join(segment([1], prompt=5, held_rows=None), without)
+
+
+def test_rows_held_elsewhere_go_first_and_must_be_the_start() -> None:
+    """A framework holds the sample's rows in its own array: the resumed request asked from there
+    on, and the join covers the whole sequence."""
+    rest = segment([4, 5], prompt=8, held_rows=7)  # prompt 5 + 3 kept tokens, rows 0..6 held
+    whole = fastaccum.join(rest, prompt_tokens=8, routed_start=7, held_routed=rows(0, 7))
+    assert np.array_equal(whole.routed_experts, rows(0, 9))
+    flat = fastaccum.join(rest, prompt_tokens=8, routed_start=7, held_routed=rows(0, 7).ravel())
+    assert np.array_equal(flat.routed_experts, rows(0, 9))
+    with pytest.raises(StreamLengthError, match="held_routed has 6 rows, routed_start says 7"):
+        fastaccum.join(rest, prompt_tokens=8, routed_start=7, held_routed=rows(0, 6))
+    stale = segment([4, 5], prompt=8, held_rows=0)  # the server sent every row again
+    with pytest.raises(StreamLengthError, match=r"\(7 held, 9\).*rows repeat"):
+        fastaccum.join(stale, prompt_tokens=8, routed_start=7, held_routed=rows(0, 7))

@@ -215,7 +215,42 @@ MUTATIONS = (
         "        return exc.event_index is None",
         "a status that judges the request (4xx) is never retried",
     ),
+    Mutation(
+        "fanout-ended-rid-still-sent",
+        "fastaccum/transport/abort_sender.py",
+        "                    window = [(key, body) for key, body in window if wanted(key)]",
+        "                    window = list(window)",
+        "behind a router, the abort of a stream that already ended is left out of the fan-out",
+    ),
+    Mutation(
+        "fanout-one-start-for-every-worker",
+        "fastaccum/transport/abort_sender.py",
+        "            turn = k * len(items) // len(servers)",
+        "            turn = 0",
+        "behind a router, each worker takes the rids from another start",
+    ),
+    Mutation(
+        "body-batch-last-answer-dropped",
+        "fastaccum/transport/body.py",
+        "                    self._results.append(self._event.end())\n                    self._event = None",
+        "                    self._event.end()\n                    self._event = None",
+        "a batch body gives one result per request",
+    ),
+    Mutation(
+        "resume-start-not-sent",
+        "fastaccum/_core/resume.py",
+        "    if start:\n        if where == \"payload\":",
+        "    if False:\n        if where == \"payload\":",
+        "a resumed request asks only for the routed-experts rows the sample does not hold",
+    ),
     # ---- the rollout skeleton and the adapters ---------------------------------------------------
+    Mutation(
+        "slime-resume-asks-every-row",
+        "fastaccum/slime/_generate.py",
+        "    if start:  # the rows the sample holds are not sent again",
+        "    if False:  # the rows the sample holds are not sent again",
+        "a resumed slime call asks only for the routing the sample does not hold",
+    ),
     Mutation(
         "commit-rule",
         "fastaccum/_rollout/endings.py",

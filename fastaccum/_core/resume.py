@@ -112,7 +112,11 @@ def _width(result: StreamResult, prompt: int, payload: Mapping[str, Any], dialec
 
 
 def join(
-    *segments: StreamResult, prompt_tokens: int | None = None, routed_start: int = 0, width: int | None = None
+    *segments: StreamResult,
+    prompt_tokens: int | None = None,
+    routed_start: int = 0,
+    width: int | None = None,
+    held_routed: npt.NDArray[Any] | None = None,
 ) -> StreamResult:
     """One result for a sample asked for in ``segments``, in order (each resumed with
     ``resume_payload`` from everything before it): tokens, log-probs, text and top-p rows
@@ -121,7 +125,9 @@ def join(
     the start length gives), the newest segment's indexer top-k (sent for the whole sequence), its
     finish and meta_info (with the first segment's prompt length). ``prompt_tokens``: the first
     request's prompt length (default: what its server reported); ``routed_start``: the first
-    request's own start; ``width``: values per row, for unshaped (flat) routed experts."""
+    request's own start; ``width``: values per row, for unshaped (flat) routed experts;
+    ``held_routed``: the ``routed_start`` rows before it, held elsewhere (a framework's array of
+    the sample), put first so that the routed experts cover the whole sequence."""
     if not segments:
         raise ValueError("join needs at least one result")
     first, last = segments[0], segments[-1]
@@ -142,7 +148,7 @@ def join(
         completion_tokens=total,
         top_p_token_ids=top_p_ids,
         top_p_token_offsets=top_p_offsets,
-        routed_experts=_routed(segments, prompt, total, routed_start, width),
+        routed_experts=_routed(segments, prompt, total, routed_start, width, held_routed),
         indexer_topk=_indexer(segments, prompt, total),
         events=sum(s.events for s in segments),
         request_sent=any(s.request_sent for s in segments),
@@ -183,12 +189,34 @@ def _top_p(
 
 
 def _routed(
-    segments: tuple[StreamResult, ...], prompt: int | None, total: int, start: int, width: int | None
+    segments: tuple[StreamResult, ...],
+    prompt: int | None,
+    total: int,
+    start: int,
+    width: int | None,
+    held: npt.NDArray[Any] | None,
 ) -> npt.NDArray[Any] | None:
-    """The segments' routed experts, in order. Rows may be missing only while the sample's newest
-    segment lacks its terminal event (a cut: the resume asks for them again); rows may never
-    repeat."""
+    """The segments' routed experts, in order (after ``held``, the ``start`` rows before them).
+    Rows may be missing only while the sample's newest segment lacks its terminal event (a cut:
+    the resume asks for them again); rows may never repeat."""
     arrays = [s.routed_experts for s in segments if s.routed_experts is not None]
+    held_note = ""
+    if held is not None:
+        if width is None and held.ndim == 1:  # flat: the width is the shaped segments', or its own
+            width = int(np.prod(arrays[0].shape[1:])) if arrays and arrays[0].ndim > 1 else held.size // max(start, 1)
+        if _rows(held, width) != start:
+            raise StreamLengthError(
+                f"join: held_routed has {_rows(held, width)} rows, routed_start says {start}",
+                mode=segments[-1].mode,
+                expected=start,
+                actual=_rows(held, width),
+            )
+        if arrays and held.ndim != arrays[0].ndim:
+            held = held.reshape(-1, *arrays[0].shape[1:])
+        if len(held):
+            arrays = [held, *arrays]
+        held_note = f"{start} held, "
+        start = 0
     if not arrays:
         return None
     if prompt is None:
@@ -200,14 +228,14 @@ def _routed(
         width = arrays[0].size // rows_first if first.routed_experts is not None and rows_first > 0 else None
     actual = sum(_rows(a, width) for a in arrays)
     if actual > expected or (actual < expected and segments[-1].replay_complete):
-        held = ", ".join(str(_rows(s.routed_experts, width)) for s in segments)
+        each = held_note + ", ".join(str(_rows(s.routed_experts, width)) for s in segments)
         if actual > expected:
             why = "rows repeat: was a segment asked for without routed_experts_start_len?"
         else:
             why = "rows are missing"
         counted = f"prompt {prompt} + {total} tokens - 1" + (f" - start {start}" if start else "")
         raise StreamLengthError(
-            f"join: the segments hold {actual} routed-experts rows ({held}), the sample has {expected} "
+            f"join: the segments hold {actual} routed-experts rows ({each}), the sample has {expected} "
             f"({counted}): {why}",
             mode=segments[-1].mode,
             expected=expected,

@@ -23,7 +23,10 @@ def _text(result: StreamResult, tokens: list[int], tokenizer: Any) -> str:
     return tokenizer.decode(tokens) if tokens else ""
 
 
-def commit_terminal(args: Any, sample: Any, result: StreamResult, tokenizer: Any) -> None:
+def commit_terminal(args: Any, sample: Any, result: StreamResult, tokenizer: Any, routed: Any) -> None:
+    """A call that ended with its terminal event: tokens, terminal bookkeeping, status, and
+    ``routed``, the sample's routed experts for its whole sequence (held rows and the call's,
+    joined: fastaccum._rollout.replay), which slime's ``Sample`` takes whole."""
     reason = result.finish_reason
     if reason is None:  # run() returns only finished or aborted results; never commit a cut one
         raise StreamFormatError("stream ended without a finish_reason")
@@ -44,8 +47,8 @@ def commit_terminal(args: Any, sample: Any, result: StreamResult, tokenizer: Any
     if result.top_p_token_ids is not None:
         meta["top_p_token_ids"] = result.top_p_token_ids
         meta["top_p_token_offsets"] = result.top_p_token_offsets
-    if result.routed_experts is not None:
-        meta["routed_experts"] = result.routed_experts
+    if routed is not None:
+        meta["routed_experts"] = routed
     append_call(args, sample, tokens, logprobs, _text(result, tokens, tokenizer), meta, terminal=True)
     record_timing(sample, result)
 

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastaccum._rollout import budget, committer, end_call
+from fastaccum._rollout.replay import routed_after, routed_start
 from fastaccum.result import StreamResult
 from fastaccum.slime import _pools
 from fastaccum.slime._commit import commit_prefix, commit_terminal
@@ -66,6 +67,10 @@ async def generate_turn(
     if sample.session_id and getattr(args, "router_policy", None) == "consistent_hashing":
         headers = {"X-SMG-Routing-Key": sample.session_id}
     body = {**_payload(sample, sampling_params, prompt_ids, routed_experts=routing_replay), **(payload or {})}
+    ids = body.get("input_ids") if "text" not in body else None
+    start = routed_start(sample, ids) if routing_replay else 0
+    if start:  # the rows the sample holds are not sent again; commit joins them to the new ones
+        body["routed_experts_start_len"] = start
     stream = _pools.POOLS.open_stream(args, settings, body, expert_shape=expert_shape, headers=headers)
 
     # Top-p rows arrive only in the terminal event, so a cut prefix could never carry them:
@@ -76,7 +81,8 @@ async def generate_turn(
     committed: list[StreamResult] = []
 
     def terminal(result: StreamResult) -> None:
-        commit_terminal(args, sample, result, state.tokenizer)
+        routed = routed_after(sample, result, start, len(ids) if ids is not None else None)
+        commit_terminal(args, sample, result, state.tokenizer, routed)
         committed.append(result)
 
     def prefix(result: StreamResult) -> None:
@@ -106,8 +112,6 @@ def _payload(
         "stream": True,
     }
     if routed_experts:
-        # No routed_experts_start_len: the server recomputes routing for prompt + partial + new on
-        # every call and slime overwrites, so a request-cancelled prefix needs no routing.
         payload["return_routed_experts"] = True
     images = sample.multimodal_inputs.get("images") if sample.multimodal_inputs else None
     if images:

@@ -75,9 +75,12 @@ def _write(
         sample.update_from_meta_info(args, meta)
 
 
-def commit_terminal(args: Any, sample: Any, result: StreamResult, tokenizer: Any, skip_special_tokens: bool) -> None:
+def commit_terminal(
+    args: Any, sample: Any, result: StreamResult, tokenizer: Any, skip_special_tokens: bool, routed: Any
+) -> None:
     """A stream that ended with its finishing chunk (a finish, or an abort chunk): tokens,
-    terminal bookkeeping, status."""
+    terminal bookkeeping, status, and ``routed``, the sample's routed experts for its whole
+    sequence (held rows and the call's, joined: fastaccum._rollout.replay)."""
     finish = finish_of(result)
     tokens, logprobs = call_tokens(result, "logprobs: 1 is sent")
     info = result.meta_info
@@ -98,15 +101,15 @@ def commit_terminal(args: Any, sample: Any, result: StreamResult, tokenizer: Any
     if modules().commit == "update":
         _write(args, sample, tokens, logprobs, text, meta)
         sample.weight_versions.extend(versions)
-        if result.routed_experts is not None:
-            sample.rollout_routed_experts = np.ascontiguousarray(result.routed_experts, dtype=np.int32)
+        if routed is not None:
+            sample.rollout_routed_experts = np.ascontiguousarray(routed, dtype=np.int32)
         record_timing(sample, result)
         return
     if versions:  # vime's Sample takes one version per call; more spans are appended below
         meta["weight_version"] = versions[0]
     _top_p(result, meta)
-    if result.routed_experts is not None:
-        meta["routed_experts"] = result.routed_experts
+    if routed is not None:
+        meta["routed_experts"] = routed
     append_call(args, sample, tokens, logprobs, text, meta, terminal=True)
     sample.weight_versions.extend(versions[1:])
     record_timing(sample, result)

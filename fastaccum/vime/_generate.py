@@ -9,6 +9,8 @@ import uuid
 from typing import Any
 
 from fastaccum._rollout import budget, committer, end_call
+from fastaccum._rollout.replay import routed_after, routed_start
+from fastaccum.result import StreamResult
 from fastaccum.vime import _pools
 from fastaccum.vime._commit import commit_prefix, commit_terminal
 from fastaccum.vime._modules import modules
@@ -50,9 +52,18 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any]) -> A
     }
     routing_replay = bool(getattr(args, "use_rollout_routing_replay", False))
     expert_shape = (int(args.num_layers), int(args.moe_router_topk)) if routing_replay else None
+    # Where the line resumes from the rows it holds (its vLLM takes the start), so does the adapter.
+    start = routed_start(sample, token_ids) if routing_replay and vime.routed_start else 0
+    if start:
+        payload["sampling_params"]["routed_experts_prompt_start"] = start
     stream = _pools.POOLS.open_stream(args, settings, payload, expert_shape=expert_shape, headers=headers)
+
+    def terminal(result: StreamResult) -> None:
+        routed = routed_after(sample, result, start, len(token_ids))
+        commit_terminal(args, sample, result, state.tokenizer, skip_special_tokens, routed)
+
     commit = committer(
-        terminal=lambda result: commit_terminal(args, sample, result, state.tokenizer, skip_special_tokens),
+        terminal=terminal,
         prefix=lambda result: commit_prefix(args, sample, result, state.tokenizer, skip_special_tokens),
     )
     server_wide = settings.abort_mode == "server"

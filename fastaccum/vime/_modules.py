@@ -51,9 +51,12 @@ def probe(
     rollout: ModuleType, server_control: ModuleType | None, http_utils: ModuleType, misc: ModuleType, sample: type
 ) -> dict[str, str]:
     """What this vime line offers: ``commit`` ("append": ``Sample.append_response_tokens``;
-    "update": tokens written directly, then ``Sample.update_from_meta_info``) and ``server_abort``
+    "update": tokens written directly, then ``Sample.update_from_meta_info``), ``server_abort``
     ("until-idle": ``abort_servers_until_idle``; "inflight": ``abort_inflight_requests``, then
-    fastaccum polls ``/load``; "pause": ``POST /pause?mode=abort`` then ``/resume``)."""
+    fastaccum polls ``/load``; "pause": ``POST /pause?mode=abort`` then ``/resume``) and
+    ``routed_start`` ("prompt-start": the line resumes with vLLM's
+    ``routed_experts_prompt_start`` itself, its ``Sample`` counting the rows it holds; "": it asks
+    for every row on each call, and so does the adapter)."""
     missing = [
         f"vime.rollout.vllm_rollout.{name}"
         for name in (
@@ -89,7 +92,8 @@ def probe(
         )
     if missing:
         raise VimeLineError(f"fastaccum.vime does not know this vime line: it lacks {'; '.join(missing)}")
-    return {"commit": commit, "server_abort": server_abort}
+    routed_start = "prompt-start" if hasattr(sample, "get_rollout_routed_experts_length") else ""
+    return {"commit": commit, "server_abort": server_abort, "routed_start": routed_start}
 
 
 def forget() -> None:

@@ -527,7 +527,8 @@ def assert_kept_what_was_sent(sample: Any, emulator: Emulator, rid: str, start: 
 def scenario_deliberate_cancel_then_resume(env: SlimeEnv, incremental: bool) -> None:
     """request_abort keeps the observed prefix (ABORTED): drained, with the routing of every kept
     position from the terminal abort event; cut, without. The resume adds no duplicated token and
-    recomputes routing for the whole sequence (no routed_experts_start_len)."""
+    asks only for the routing the sample does not hold (routed_experts_start_len = the rows held:
+    prompt + k - 1 drained, none cut), then holds one row per position, none twice."""
     with (
         emulator_thread(
             incremental_streaming_output=incremental, token_rate=400, enable_return_routed_experts=True
@@ -564,12 +565,17 @@ def scenario_deliberate_cancel_then_resume(env: SlimeEnv, incremental: bool) -> 
         env.run(fs.generate(args, sample, sampling_params(env, args)))
         assert wiring.payloads[1]["input_ids"] == sample.tokens[: len(prompt_ids()) + k]
         assert wiring.payloads[1]["sampling_params"]["max_new_tokens"] == 2000 - k
-        assert "routed_experts_start_len" not in wiring.payloads[1]
+        held = len(prompt_ids()) + k - 1 if drains(env) else 0
+        assert wiring.payloads[1].get("routed_experts_start_len", 0) == held
         assert sample.status == env.Sample.Status.COMPLETED and sample.response_length == k + 5
         assert_call(sample, emu, "s000a00", 0, k, len(prompt_ids()))
         assert_call(sample, emu, "s000a01", k, 5, len(prompt_ids()) + k)
         assert len(sample.loss_mask) == len(sample.rollout_log_probs) == k + 5
-        rows = expected(emu, "s000a01", 5, prompt_tokens=len(prompt_ids()) + k, routed_experts=True).routed_experts
+        new_rows = expected(
+            emu, "s000a01", 5, prompt_tokens=len(prompt_ids()) + k, routed_experts=True, routed_start=held
+        ).routed_experts
+        first_rows = expected(emu, "s000a00", k, prompt_tokens=len(prompt_ids()), routed_experts=True).routed_experts
+        rows = np.concatenate([first_rows[:held], new_rows])
         assert tuple(sample.rollout_routed_experts.shape) == (len(sample.tokens) - 1, *emu.expert_shape)
         assert np.array_equal(sample.rollout_routed_experts.numpy(), rows)
 
@@ -672,7 +678,7 @@ def scenario_errors_fail_closed(env: SlimeEnv) -> None:
         sample = new_sample(env)
         sample.tokens = prompt_ids()
         with pytest.raises(error):
-            _commit.commit_terminal(SimpleNamespace(), sample, result, FakeTokenizer())
+            _commit.commit_terminal(SimpleNamespace(), sample, result, FakeTokenizer(), None)
         assert sample.response_length == 0
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
 from aiohttp import web
@@ -549,7 +550,10 @@ def mask(env: VimeEnv, sample: Any) -> Any:
 
 
 def as_array(tensor: Any) -> Any:
-    """Routed experts as numpy int32 (torch on 2b83ea20 and 052693a8, numpy on the pause line)."""
+    """Routed experts as numpy int32 (torch on 2b83ea20, in chunks there, and 052693a8; numpy on
+    the pause line)."""
+    if isinstance(tensor, list):
+        tensor = __import__("torch").cat(tensor)
     assert str(tensor.dtype).endswith("int32"), tensor.dtype
     return tensor.numpy() if hasattr(tensor, "numpy") else __import__("numpy").asarray(tensor)
 
@@ -720,7 +724,9 @@ def scenario_server_abort_outside_rollout_abort(env: VimeEnv, shape: str) -> Non
 
 def scenario_routed_experts(env: VimeEnv) -> None:
     """The finishing chunk's .npy routed experts become vime's int32 tensor of
-    (len(tokens) - 1, layers, topk); a resume replaces them with the whole sequence's."""
+    (len(tokens) - 1, layers, topk). A resume on the line that resumes from the rows it holds
+    (its Sample counts them) asks vLLM for the rest only (routed_experts_prompt_start) and joins
+    them to the held rows; on the others it gets and keeps the whole sequence's."""
     with server_thread(enable_return_routed_experts=True, stream_interval=5, num_experts=300) as srv, wired(env):
         args = make_args(env, srv, use_rollout_routing_replay=True, rollout_max_response_len=30)
         sample = env.run(fv.generate(args, new_sample(env), sampling_params(env, args)))
@@ -728,13 +734,16 @@ def scenario_routed_experts(env: VimeEnv) -> None:
         experts = as_array(sample.rollout_routed_experts)
         assert tuple(experts.shape) == (len(sample.tokens) - 1, *srv.expert_shape)
         assert (experts == gen.routed_experts).all()
-        sample.status = env.Sample.Status.ABORTED  # resumed: the server routes the whole sequence
+        sample.status = env.Sample.Status.ABORTED  # resumed
         params = sampling_params(env, args)
         params["max_new_tokens"] = 40
         env.run(fv.generate(args, sample, params))
-        gen = srv.expected("s000a01", 10, prompt_tokens=len(prompt_ids()) + 30, routed_experts=True)
-        assert tuple(sample.rollout_routed_experts.shape) == (len(prompt_ids()) + 39, *srv.expert_shape)
-        assert (as_array(sample.rollout_routed_experts) == gen.routed_experts).all()
+        held = len(prompt_ids()) + 29 if hasattr(env.Sample, "get_rollout_routed_experts_length") else 0
+        assert srv.payloads[-1]["sampling_params"].get("routed_experts_prompt_start", 0) == held
+        rest = srv.expected("s000a01", 10, prompt_tokens=len(prompt_ids()) + 30, routed_experts=True, routed_start=held)
+        rows = np.concatenate([gen.routed_experts[:held], rest.routed_experts])
+        experts = as_array(sample.rollout_routed_experts)
+        assert tuple(experts.shape) == (len(prompt_ids()) + 39, *srv.expert_shape) and (experts == rows).all()
 
 
 def scenario_sampling_mask(env: VimeEnv) -> None:
@@ -927,7 +936,9 @@ def comparable(sample: Any) -> dict[str, Any]:
         "weight_versions": list(sample.weight_versions),
         "top_p_ids": plain(getattr(sample, "rollout_top_p_token_ids", None)),
         "top_p_offsets": plain(getattr(sample, "rollout_top_p_token_offsets", None)),
-        "routed_experts": plain(sample.rollout_routed_experts),
+        "routed_experts": None
+        if sample.rollout_routed_experts is None
+        else plain(as_array(sample.rollout_routed_experts)),
         "prefix_cache": (sample.prefix_cache_info.cached_tokens, sample.prefix_cache_info.total_prompt_tokens),
     }
 

@@ -2,7 +2,8 @@
 line (vime._line). On request-abort and stock: ``append_response_tokens`` / ``_apply_meta_info``
 (loss mask, log-probs, top-p CSR merge, routed experts reshaped to (len(tokens) - 1, layers,
 topk), weight versions, prefix-cache info, status from the finish type), with vime's length
-checks. On pause: ``update_from_meta_info`` alone (prefix-cache info, the meta's weight version,
+checks; on request-abort the routed experts are kept in chunks, appended from
+``routed_experts_start_len``. On pause: ``update_from_meta_info`` alone (prefix-cache info, the meta's weight version,
 status from the finish type) and no top-p fields; its generate writes the tokens itself."""
 
 from dataclasses import dataclass, field
@@ -157,5 +158,42 @@ class _AppendingSample(_Sample):
             raise ValueError("rollout_top_p_token_offsets length must equal response_length + 1")
 
 
-Sample = _Sample if LINE == "pause" else _AppendingSample
+@dataclass
+class _ChunkedSample(_AppendingSample):
+    """request-abort's Sample: routed experts appended from ``routed_experts_start_len`` as
+    chunks (a list of tensors), counted by ``get_rollout_routed_experts_length`` and joined by
+    ``materialize_rollout_routed_experts``; its generate resumes with vLLM's
+    ``routed_experts_prompt_start`` set to the rows held."""
+
+    def get_rollout_routed_experts_length(self):
+        held = self.rollout_routed_experts
+        if held is None:
+            return 0
+        return sum(int(c.shape[0]) for c in held) if isinstance(held, list) else int(held.shape[0])
+
+    def materialize_rollout_routed_experts(self, *, replace=True):
+        held = self.rollout_routed_experts
+        if held is None:
+            return None
+        tensor = torch.cat(held) if isinstance(held, list) else held
+        if replace:
+            self.rollout_routed_experts = tensor
+        return tensor
+
+    def _apply_meta_info(self, args, meta_info, **kwargs):
+        start = int(meta_info.get("routed_experts_start_len", 0) or 0)
+        held = self.rollout_routed_experts
+        if start and decode_int32_meta_array(meta_info, "routed_experts") is not None:
+            if self.get_rollout_routed_experts_length() < start:
+                raise ValueError("existing routed experts shorter than routed_experts_start_len")
+            kept = self.materialize_rollout_routed_experts(replace=False)[:start]
+            super()._apply_meta_info(args, meta_info, **kwargs)  # the new rows, reshaped and checked
+            self.rollout_routed_experts = [kept, self.rollout_routed_experts]
+            return
+        super()._apply_meta_info(args, meta_info, **kwargs)
+        if self.rollout_routed_experts is not held and self.rollout_routed_experts is not None:
+            self.rollout_routed_experts = [self.rollout_routed_experts]
+
+
+Sample = {"pause": _Sample, "stock": _AppendingSample}.get(LINE, _ChunkedSample)
 Sample.__name__ = Sample.__qualname__ = "Sample"
