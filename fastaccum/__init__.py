@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from fastaccum._core.resume import join, resume_payload
 from fastaccum._impl import IMPLEMENTATION, StreamAccumulator, accumulate
 from fastaccum._version import __version__
 from fastaccum.errors import (
@@ -44,8 +43,11 @@ __all__ = (
 )
 
 
-# The transports are imported only when asked for, so the core stays cheap to load.
+# The transports are imported only when asked for, so the core stays cheap to load (and the
+# resume contract too: the core's import names a missing dependency first).
 _TRANSPORTS = {
+    "resume_payload": "fastaccum._core.resume",
+    "join": "fastaccum._core.resume",
     "Client": "fastaccum.transport.client",  # owns its connections (httptools)
     "GenerateStream": "fastaccum.transport.aiohttp_stream",  # on an aiohttp session
     "consume": "fastaccum.transport.consumer",  # any async byte iterator

@@ -84,4 +84,6 @@ def test_the_readme_examples_run_as_written(
         exec(compile(example, str(README), "exec"), session)
     result = session["result"]
     assert isinstance(result, fastaccum.StreamResult) and result.finished and len(result) == 64
-    assert capsys.readouterr().out.count("\n") == 3  # each example printed its line
+    whole = session["whole"]  # the non-streaming answer: one event, the same length
+    assert isinstance(whole, fastaccum.StreamResult) and whole.events == 1 and len(whole) == 64
+    assert capsys.readouterr().out.count("\n") == 4  # each example printed its line

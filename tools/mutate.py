@@ -239,8 +239,8 @@ MUTATIONS = (
     Mutation(
         "resume-start-not-sent",
         "fastaccum/_core/resume.py",
-        "    if start:\n        if where == \"payload\":",
-        "    if False:\n        if where == \"payload\":",
+        '    if start:\n        if where == "payload":',
+        '    if False:\n        if where == "payload":',
         "a resumed request asks only for the routed-experts rows the sample does not hold",
     ),
     # ---- the rollout skeleton and the adapters ---------------------------------------------------
