@@ -74,7 +74,16 @@ class Outcomes:
     @staticmethod
     def assert_same_result(a: object, b: object) -> None:
         """Every field equal, arrays byte for byte (NaN positions included)."""
-        for name in ("mode", "text", "events", "finish_reason", "meta_info", "completion_tokens", "aborted"):
+        for name in (
+            "mode",
+            "text",
+            "events",
+            "finish_reason",
+            "meta_info",
+            "completion_tokens",
+            "aborted",
+            "weight_version_spans",
+        ):
             assert getattr(a, name) == getattr(b, name), name
         arrays = ("token_ids", "logprobs", "top_p_token_ids", "top_p_token_offsets", "routed_experts", "indexer_topk")
         for name in arrays:

@@ -64,6 +64,9 @@ class StreamResult:
     timing: StreamTiming | None = None  # set by fastaccum.Client; None from the core
     indexer_topk: npt.NDArray[np.int32] | None = None
     request_sent: bool = True
+    # (start, end, version) runs over the token indices, end exclusive, every token in one; None
+    # when the stream did not say a version for every token
+    weight_version_spans: tuple[tuple[int, int, str], ...] | None = None
 
     @property
     def finished(self) -> bool:

@@ -19,6 +19,8 @@ from fastaccum._core.messages import broken, changed_token
 from fastaccum._core.policy import (
     ABSENT,
     ARRAY_KEYS,
+    VERSION_KEY,
+    VERSION_WINDOW,
     ParsedEvent,
     echo_start,
     end_event,
@@ -132,6 +134,8 @@ class StreamAccumulator(AccumulatorBase):
         at = data.find(_FINISH_KEY)
         if at < 0 or data[at + len(_FINISH_KEY) : at + len(_FINISH_KEY) + 4] != b"null":
             return False
+        if self._version_changed(data, at):
+            return False
         at = data.rfind(_COMPLETION_KEY)
         if at < 0:
             return False
@@ -144,6 +148,19 @@ class StreamAccumulator(AccumulatorBase):
         self._reported = total
         self._events += 1
         return True
+
+    def _version_changed(self, data: bytearray, at: int) -> bool:
+        """The event names a weight_version other than the newest one, or one this check cannot
+        read plainly, within VERSION_WINDOW of its finish_reason key at ``at``."""
+        key = data.find(VERSION_KEY, at, at + VERSION_WINDOW)
+        if key < 0:
+            return False
+        start = key + len(VERSION_KEY) + 1
+        end = data.find(b'"', start, start + VERSION_WINDOW)
+        if data[start - 1 : start] != b'"' or end < 0:
+            return True
+        raw = data[start:end]
+        return b"\\" in raw or self._version is None or raw != self._version.encode()
 
     def _apply(self, data: bytearray, index: int, *, light_checked: bool) -> None:
         """Parse one event and read its fields, then hand it to _commit (nothing half-applied).
@@ -233,7 +250,7 @@ class StreamAccumulator(AccumulatorBase):
             self._logprobs.extend(new_logprobs)
         self._has_logprobs = event.logprob_ids is not None
         self._text_parts = text_after(self._text_parts, new_mode, parsed.echo, event.text)
-        self._commit_parsed(parsed.meta, parsed.finish, top_p, replay)
+        self._commit_parsed(parsed.meta, parsed.finish, top_p, replay, held)
         self._mode = new_mode
         if not light_checked:
             self._events += 1

@@ -10,10 +10,10 @@ _apply_scanned (events the scanner read) is this twin's only addition.
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
-from cpython.bytes cimport PyBytes_FromStringAndSize
-from cpython.unicode cimport PyUnicode_DecodeUTF8
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
 from libc.stdint cimport int32_t
-from libc.string cimport memcmp
+from libc.string cimport memchr, memcmp
 
 from fastaccum._cy.buffers cimport Buffer, float64s, int32s
 from fastaccum._cy.chunked cimport ChunkedDecoder
@@ -32,6 +32,8 @@ from fastaccum._core.dialects import TOKEN_IDS, chunk_fields, chunk_meta, read_c
 from fastaccum._core.messages import broken, changed_token
 from fastaccum._core.policy import (
     ABSENT,
+    VERSION_KEY,
+    VERSION_WINDOW,
     DIALECTS,
     MODES,
     echo_start,
@@ -56,6 +58,8 @@ cdef Py_ssize_t _FULL_PARSES_BEFORE_LIGHT = 2
 cdef Py_ssize_t _LIFT_AFTER_BYTES = 64 << 10
 cdef const char* _FINISH_KEY = b'"finish_reason":'
 cdef const char* _COMPLETION_KEY = b'"completion_tokens":'
+cdef const char* _VERSION_KEY = VERSION_KEY
+cdef Py_ssize_t _VERSION_WINDOW = VERSION_WINDOW
 _orjson_loads = orjson.loads
 
 
@@ -81,6 +85,9 @@ cdef class _CompiledAccumulator(EventSink):
     cdef public dict _replay  # None: no event carried a replay array
     cdef public dict _finish_reason
     cdef public dict _meta
+    cdef public list _versions
+    cdef public object _version
+    cdef bytes _version_raw  # the newest scanned weight_version's bytes: a change is one memcmp
     cdef readonly bytes _lazy_meta  # a scanned event's meta_info, parsed only when a result is built
     # ... or, while feed() runs, still in the fed piece: copied once when feed() returns, not
     # once per event.
@@ -243,6 +250,8 @@ cdef class _CompiledAccumulator(EventSink):
         at = fa_find_bytes(buf, n, _FINISH_KEY, 16, 0)
         if at < 0 or at + 20 > n or memcmp(buf + at + 16, b"null", 4) != 0:
             return False
+        if self._version_changed(buf, n, at):
+            return False
         at = fa_rfind_bytes(buf, n, _COMPLETION_KEY, 20)
         if at < 0:
             return False
@@ -255,6 +264,25 @@ cdef class _CompiledAccumulator(EventSink):
         self._reported = total
         self._events += 1
         return True
+
+    cdef bint _version_changed(self, const char* buf, Py_ssize_t n, Py_ssize_t at) except -1:
+        """The event names a weight_version other than the newest one, or one this check cannot
+        read plainly, within VERSION_WINDOW of its finish_reason key at ``at``."""
+        cdef Py_ssize_t key, start, end, size
+        cdef const char* current
+        key = fa_find_bytes(buf, min(n, at + _VERSION_WINDOW), _VERSION_KEY, 17, at)
+        if key < 0:
+            return False
+        start = key + 18
+        if start > n or buf[start - 1] != 34:
+            return True
+        end = fa_find_bytes(buf, min(n, start + _VERSION_WINDOW), b'"', 1, start)
+        if end < 0 or memchr(buf + start, 92, end - start) != NULL:
+            return True
+        if self._version is None:
+            return True
+        current = PyUnicode_AsUTF8AndSize(self._version, &size)
+        return size != end - start or memcmp(buf + start, current, size) != 0
 
     cdef int _apply(self, bytearray data, Py_ssize_t index, bint light_checked, SpanScan scan) except -1:
         """Parse one event and read its fields, then hand it to _commit (nothing half-applied).
@@ -337,6 +365,7 @@ cdef class _CompiledAccumulator(EventSink):
     cdef int _apply_scanned(self, Event* event, bint light_checked, bint in_piece) except -1:
         """The rest of _apply for an event the scanner read (no finish_reason, no base64 arrays);
         ``in_piece``: its bytes are the fed piece's, valid until feed() returns."""
+        cdef Py_ssize_t held = self._ids.size
         check_logprobs(event.event_index, self._has_logprobs, event.has_logprobs)
         text = None
         if event.has_text and not event.text_null:
@@ -345,11 +374,29 @@ cdef class _CompiledAccumulator(EventSink):
             else:
                 text = PyUnicode_DecodeUTF8(<const char*>event.text, event.text_len, NULL)
         self._commit(event, None, text, None, light_checked)
+        if event.version != NULL:
+            self._scanned_version(event, held)
         if in_piece:
             self._meta_in_piece = event.meta
             self._meta_in_piece_len = event.meta_len
         else:
             self._lazy_meta = PyBytes_FromStringAndSize(<const char*>event.meta, event.meta_len)
+        return 0
+
+    cdef int _scanned_version(self, Event* event, Py_ssize_t held) except -1:
+        """A scanned event's weight_version, decoded only when its bytes differ from the newest
+        one's (a version changes a few times a run, events come per token)."""
+        cdef bytes raw = self._version_raw
+        if raw is not None and PyBytes_GET_SIZE(raw) == event.version_len and memcmp(
+            PyBytes_AS_STRING(raw), event.version, event.version_len
+        ) == 0:
+            return 0
+        self._version_raw = PyBytes_FromStringAndSize(<const char*>event.version, event.version_len)
+        if event.version_escaped:
+            version = _orjson_loads(PyBytes_FromStringAndSize(<const char*>event.version - 1, event.version_len + 2))
+        else:
+            version = PyUnicode_DecodeUTF8(<const char*>event.version, event.version_len, NULL)
+        self._note_version(held, version)
         return 0
 
     cdef int _commit(self, Event* event, object parsed, object text, dict streamed,
@@ -421,7 +468,7 @@ cdef class _CompiledAccumulator(EventSink):
         self._has_logprobs = event.has_logprobs
         self._text_parts = text_after(self._text_parts, new_mode, echo, text)
         if parsed is not None:
-            self._commit_parsed(parsed.meta, parsed.finish, top_p, replay)
+            self._commit_parsed(parsed.meta, parsed.finish, top_p, replay, held)
         self._lazy_meta = None  # a scanned event's meta_info: _apply_scanned keeps it as bytes
         self._meta_in_piece = NULL
         self._mode = new_mode

@@ -22,6 +22,9 @@ cdef struct Event:
     Py_ssize_t text_len
     const unsigned char* meta  # the meta_info object's bytes, for a lazy orjson parse
     Py_ssize_t meta_len
+    const unsigned char* version  # meta_info.weight_version's string (after its quote), or NULL
+    Py_ssize_t version_len
+    bint version_escaped
 
 cdef int read_id_list(Py_ssize_t index, str where, object value, Buffer out) except -1
 cdef Py_ssize_t read_logprob_list(Py_ssize_t index, object value, Buffer ids, Buffer logprobs) except -1

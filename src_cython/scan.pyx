@@ -217,6 +217,7 @@ cdef int scan_event(const unsigned char* base, Py_ssize_t n, Buffer out_ids, Buf
     cdef long long value
     r.has_text = r.has_output_ids = r.has_logprobs = False
     r.completion_tokens = r.logprobs_length = r.prompt_tokens = -1
+    r.version = NULL
     if p >= end or p[0] != 123:
         return 0
     p += 1
@@ -382,6 +383,18 @@ cdef const unsigned char* _scan_meta(const unsigned char* p, const unsigned char
             if r.prompt_tokens >= 0:
                 return NULL
             p = scan_uint(p, end, &r.prompt_tokens)
+        elif key_is(key, key_len, b"weight_version", 14):
+            if r.version != NULL:
+                return NULL  # twice: orjson keeps the last, the orjson path decides
+            if p[0] == 34:
+                r.version = p + 1
+                r.version_escaped = False
+                p = skip_string(p, end, &r.version_escaped)
+                if p == NULL:
+                    return NULL
+                r.version_len = p - r.version - 1
+            else:
+                p = skip_value(p, end, 2)  # not a string: not a version
         elif key_len > 6 and (
             memcmp(key, b"top_p_", 6) == 0
             or key_is(key, key_len, b"routed_experts", 14)

@@ -27,6 +27,7 @@ cdef int scan_chunk(const unsigned char* base, Py_ssize_t n, Buffer out_ids, Buf
     cdef bint has_choice = False
     r.has_text = r.has_output_ids = r.has_logprobs = False
     r.completion_tokens = r.logprobs_length = r.prompt_tokens = -1
+    r.version = NULL  # vLLM's versions come as spans on the finishing chunk (orjson's)
     if p >= end or p[0] != 123:
         return 0
     p += 1

@@ -92,6 +92,7 @@ def test_stream_result_fields() -> None:
         "timing",
         "indexer_topk",
         "request_sent",
+        "weight_version_spans",
     ]
 
 

@@ -85,6 +85,8 @@ class AccumulatorBase:
     _replay: dict[str, npt.NDArray[np.int32]] | None  # routed_experts, indexer_topk
     _finish_reason: dict[str, Any] | None
     _meta: dict[str, Any]
+    _versions: list[tuple[int, str]]  # (first token, weight_version) per change, in order
+    _version: str | None  # the newest event's weight_version
     _events: int
     _reported: int
     _pending: bytearray | None  # the newest light-checked cumulative event, not yet validated
@@ -116,6 +118,8 @@ class AccumulatorBase:
         self._routed_start = routed_start
         self._error = None
         self._result = None
+        self._versions = []
+        self._version = None
         self._start(max_event_bytes)
 
     def _start(self, max_event_bytes: int | None) -> None:
@@ -174,16 +178,26 @@ class AccumulatorBase:
             streamed=streamed,
         )
 
+    def _note_version(self, held: int, version: object) -> None:
+        """An event's ``weight_version``: its tokens (from ``held`` on) ran under it. One entry
+        per change; anything but a str is not a version."""
+        if type(version) is str and version != self._version:
+            self._version = version
+            self._versions.append((held, version))
+
     def _commit_parsed(
         self,
         meta: dict[str, Any],
         finish: dict[str, Any] | None,
         top_p: tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], bool] | None,
         replay: dict[str, npt.NDArray[np.int32]] | None,
+        held: int,
     ) -> None:
         """The last step of a twin's commit of an event parsed by orjson (every event in the pure
         twin; terminal and unusual ones in the compiled twin): what only such an event carries.
-        ``top_p``: read_top_p's answer; ``replay``: read_arrays' replay arrays. Cannot fail."""
+        ``top_p``: read_top_p's answer; ``replay``: read_arrays' replay arrays; ``held``: the
+        tokens before the event's. Cannot fail."""
+        self._note_version(held, meta.get("weight_version"))
         if top_p is not None:
             ids, offsets, replace = top_p
             if replace or self._top_p is None or self._top_p_rows is None:
@@ -287,6 +301,7 @@ class AccumulatorBase:
             top_p=self._top_p,
             replay=self._replay,
             events=self._events,
+            versions=self._versions,
         )
         if result.text is not None:
             self._text_parts = [result.text]  # join once; later deltas append to the joined text
@@ -310,6 +325,8 @@ STATE_WRITTEN: tuple[str, ...] = (
     "_replay",
     "_finish_reason",
     "_meta",
+    "_versions",
+    "_version",
     "_error",
     "_result",
 )

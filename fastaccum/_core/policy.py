@@ -104,6 +104,11 @@ _Int32s = npt.NDArray[np.int32]
 REPLAY_KEYS_SET = frozenset(REPLAY_KEYS)
 # ... and every array an event may carry: vLLM's sampling mask too (fastaccum._core.dialects).
 ARRAY_KEYS = frozenset((*B64_KEYS, "sampling_mask"))
+# A light-checked cumulative event is refused (parsed in full) when its weight_version differs
+# from the newest one's: the key is looked for this far past "finish_reason" (SGLang writes it a
+# few keys later), so the check stays a constant cost whatever the event's size.
+VERSION_KEY = b'"weight_version":'
+VERSION_WINDOW = 512
 # Token-aligned lists (sliced per event in incremental mode) and the decoded base64 arrays are
 # returned as arrays, not repeated in meta_info.
 _DROPPED_META = frozenset(
@@ -570,11 +575,13 @@ def build_result(
     top_p: list[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]] | None,
     replay: dict[str, npt.NDArray[np.int32]] | None,
     events: int,
+    versions: list[tuple[int, str]],
 ) -> StreamResult:
     """The result so far, from the twin's buffers (``logprobs`` None: the stream has none):
     copies of them, or for ``final`` (finish()) their storage itself. Text parts and the top-p
     rows of each event (None: none yet) are joined here; meta_info loses the lists and arrays the
-    result carries as arrays. ``replay``: the replay arrays by key (None: none yet)."""
+    result carries as arrays. ``replay``: the replay arrays by key (None: none yet);
+    ``versions``: (first token, weight_version) per change (weight_spans)."""
     top_p_ids = top_p_offsets = None
     replay = replay or {}
     if top_p is not None:
@@ -596,4 +603,46 @@ def build_result(
         routed_experts=replay.get("routed_experts"),
         indexer_topk=replay.get("indexer_topk"),
         events=events,
+        weight_version_spans=weight_spans(versions, int(token_ids.shape[0]), meta.get("weight_versions")),
     )
+
+
+def weight_spans(
+    versions: list[tuple[int, str]], total: int, reported: object
+) -> tuple[tuple[int, int, str], ...] | None:
+    """``(start, end, version)`` runs over the ``total`` tokens, each token in exactly one, end
+    exclusive: the engine's own record where the stream's last event has one (``reported``:
+    SGLang's finishing event and vLLM's finishing chunk list ``{"version", "start", "end"}``
+    spans), else the runs of the events' ``weight_version`` (``versions``: first token and
+    version per change), adjacent equal versions merged and empty runs left out. None when the
+    stream said no version for some token (vLLM before its finishing chunk)."""
+    spans: list[tuple[int, int, str]] = []
+    if isinstance(reported, list):
+        at = 0
+        for span in reported:
+            if not isinstance(span, dict):
+                break
+            version, start, end = span.get("version"), span.get("start"), span.get("end")
+            if type(version) is not str or type(start) is not int or type(end) is not int or start != at or end < start:
+                break
+            _add_span(spans, start, end, version)
+            at = end
+        else:
+            if at == total:
+                return tuple(spans)
+        spans = []  # not a record of these tokens: the events' own versions say
+    if not versions or (versions[0][0] > 0 and total > 0):
+        return None  # no event said a version, or the first tokens came before one did
+    for i, (start, version) in enumerate(versions):
+        end = versions[i + 1][0] if i + 1 < len(versions) else total
+        _add_span(spans, start, min(end, total), version)
+    return tuple(spans)
+
+
+def _add_span(spans: list[tuple[int, int, str]], start: int, end: int, version: str) -> None:
+    if end <= start:
+        return
+    if spans and spans[-1][2] == version:
+        spans[-1] = (spans[-1][0], end, version)
+    else:
+        spans.append((start, end, version))

@@ -153,7 +153,27 @@ def join(
         events=sum(s.events for s in segments),
         request_sent=any(s.request_sent for s in segments),
         timing=None,  # each segment was its own request: their timings are theirs
+        weight_version_spans=_spans(segments),
     )
+
+
+def _spans(segments: tuple[StreamResult, ...]) -> tuple[tuple[int, int, str], ...] | None:
+    """The segments' weight-version runs over the sample's tokens, in order, adjacent equal
+    versions merged; None when a segment with tokens said none."""
+    out: list[tuple[int, int, str]] = []
+    base = 0
+    for s in segments:
+        if s.weight_version_spans is None:
+            if len(s):
+                return None
+            continue
+        for start, end, version in s.weight_version_spans:
+            if out and out[-1][2] == version and out[-1][1] == base + start:
+                out[-1] = (out[-1][0], base + end, version)
+            else:
+                out.append((base + start, base + end, version))
+        base += len(s)
+    return tuple(out)
 
 
 def _logprobs(segments: tuple[StreamResult, ...]) -> npt.NDArray[np.float64] | None:

@@ -153,6 +153,7 @@ def summary(r: Any) -> tuple[Any, ...]:
         _array(r.routed_experts),
         r.events,
         r.finished,
+        r.weight_version_spans,
     )
 
 
