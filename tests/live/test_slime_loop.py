@@ -344,13 +344,15 @@ def test_a_rollout_aborted_mid_stream_buffers_drained_prefixes_and_resumes_them_
         second = fs.generate_rollout(args, 1, source)
         assert env.rollout.abort is stock_abort and idle(sglang)
         assert second.samples == [aborted] and source.added == [[aborted]]
-        # Each resume sent its prompt and kept prefix, with the budget that is left.
+        # Each resume sent its prompt and kept prefix, with the budget that is left, and asked
+        # only for the routing the sample does not hold (the drain brought prompt + k - 1 rows).
         resumes = router.generate_bodies[4:]
         assert sorted(len(b["input_ids"]) for b in resumes) == sorted(len(long_ids) + k for k in kept)
         for body in resumes:
             k = len(body["input_ids"]) - len(long_ids)
             assert body["input_ids"] == long_ids + long_ref["output_ids"][:k]
-            assert body["sampling_params"]["max_new_tokens"] == MAX - k and "routed_experts_start_len" not in body
+            assert body["sampling_params"]["max_new_tokens"] == MAX - k
+            assert body["routed_experts_start_len"] == len(long_ids) + k - 1
         for sample, k, before in zip(aborted, kept, cached_before):
             assert sample.status == env.Sample.Status.TRUNCATED
             assert_equals_answer(sample, long_ids, long_ref)  # no token twice, none lost
