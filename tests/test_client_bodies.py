@@ -122,3 +122,25 @@ def test_vllm_answers_whole_through_the_client(twin: Any) -> None:
     assert result.token_ids.tolist() == list(gen.token_ids) and result.finish_reason == {"type": "length"}
     assert result.routed_experts.shape == (len(PROMPT) + 12 - 1, *SHAPE)
     assert result.meta_info["usage"]["completion_tokens"] == 12
+
+
+def test_an_abort_drains_a_running_non_streaming_vllm_request_and_keeps_its_prefix(twin: Any) -> None:
+    """vLLM answers an aborted non-streaming request with the tokens it decoded, finish "abort"."""
+    emulator = Emulator(dialect="vllm", enable_return_routed_experts=True, token_rate=400)
+    body = {"token_ids": PROMPT, "request_id": "nb-v-abort", "sampling_params": {"max_tokens": 100_000, "logprobs": 0}}
+
+    async def main() -> StreamResult:
+        async with emulator as url, fastaccum.Client(url, dialect="vllm", abort_drain_s=60) as client:
+            stream = client.stream({**body, "stream": False}, expert_shape=SHAPE)
+            task = asyncio.ensure_future(stream.run())
+            await wait_until(lambda: emulator.stats.tokens >= 20, timeout=30)
+            stream.abort()
+            return await asyncio.wait_for(task, 30)
+
+    result = run(main())
+    assert result.aborted and result.replay_complete and result.finish_reason == {"type": "abort"}
+    n = len(result)
+    assert 20 <= n < 100_000 and result.events == 1
+    gen = emulator.expected("nb-v-abort", n, prompt_tokens=len(PROMPT), routed_experts=True)
+    assert result.token_ids.tolist() == list(gen.token_ids)
+    assert result.routed_experts.shape == (len(PROMPT) + n - 1, *SHAPE)
