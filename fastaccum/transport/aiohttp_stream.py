@@ -38,7 +38,7 @@ from fastaccum.errors import (
 )
 from fastaccum.result import StreamResult
 from fastaccum.transport.consumer import AccumulatorLike, StreamConsumer
-from fastaccum.transport.http1 import connect_error, status_error
+from fastaccum.transport.http1 import connect_error, keep_alive, status_error
 from fastaccum.transport.retry import DEFAULT_RETRY_MAX_DELAY_S
 
 __all__ = ("GenerateStream", "STREAM_TIMEOUT")
@@ -134,6 +134,8 @@ class GenerateStream(StreamConsumer):
         except TimeoutError as exc:  # the session's total/connect timeout
             raise StreamTimeoutError(f"POST {self._url} timed out: {exc!r}") from exc
         self._response = response
+        if response.connection is not None and response.connection.transport is not None:
+            keep_alive(response.connection.transport.get_extra_info("socket"))  # through a pause
         self.status = response.status
         self._content_type = response.headers.get("Content-Type")
         if response.status == 101:

@@ -29,6 +29,7 @@ __all__ = (
     "ResponseHead",
     "connect_error",
     "framing_of",
+    "keep_alive",
     "header_lines",
     "read_head",
     "request_bytes",
@@ -40,6 +41,30 @@ _ERROR_BODY_LIMIT_BYTES = 65536
 # Drain at abort: what the kernel holds is bounded by the receive buffer; the cap only stops a
 # server that writes faster than the loop reads from holding abort() up.
 _DRAIN_MAX_READS = 256
+
+
+# TCP keepalive on every stream's connection: a stream may be silent for as long as a server is
+# paused for a weight update (minutes), and a NAT, proxy or load balancer forgets a connection it
+# saw nothing on (AWS NLB after 350 s, GCP after 10 minutes): probes after 60 s of silence, then
+# every 15 s, keep it known; 4 unanswered probes (another minute) say the peer is gone.
+KEEPALIVE_IDLE_S = 60
+KEEPALIVE_INTERVAL_S = 15
+KEEPALIVE_PROBES = 4
+
+
+def keep_alive(sock: socket.socket | None) -> None:
+    """Turn TCP keepalive on for ``sock`` with the timings above, where the system has them."""
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    idle = getattr(socket, "TCP_KEEPIDLE", getattr(socket, "TCP_KEEPALIVE", None))  # macOS names it so
+    for option, value in (
+        (idle, KEEPALIVE_IDLE_S),
+        (getattr(socket, "TCP_KEEPINTVL", None), KEEPALIVE_INTERVAL_S),
+        (getattr(socket, "TCP_KEEPCNT", None), KEEPALIVE_PROBES),
+    ):
+        if option is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
 # ---- connection -------------------------------------------------------------------------------
@@ -68,6 +93,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        keep_alive(transport.get_extra_info("socket"))
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.buffer
