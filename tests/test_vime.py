@@ -70,16 +70,18 @@ def test_an_unknown_vime_line_fails_at_import_naming_what_is_missing() -> None:
     assert "a server-wide abort" in done.stderr
 
 
-def test_weight_versions_come_from_vllm_spans() -> None:
-    """vLLM 0.32 sends the weight version as spans in the finishing choice (one per version the
-    request ran under), not as a top-level field: one entry per span."""
+def test_a_calls_weight_versions_are_its_runs_in_order() -> None:
+    """vLLM 0.32 sends the versions as spans on the finishing choice (one per version the request
+    ran under), which the result reads as its tokens' runs: one entry per run; a stream that did
+    not say a version for every token leaves the newest event's, if any."""
+    from fastaccum._rollout import call_versions
     from fastaccum.result import StreamResult
-    from fastaccum.vime._commit import weight_versions
 
-    def result(meta: dict[str, Any]) -> StreamResult:
-        return StreamResult(mode="incremental", token_ids=np.zeros(0, dtype=np.int32), meta_info=meta)
+    def result(meta: dict[str, Any], spans: Any = None) -> StreamResult:
+        return StreamResult(
+            mode="incremental", token_ids=np.zeros(9, dtype=np.int32), meta_info=meta, weight_version_spans=spans
+        )
 
-    spans = [{"version": 3, "start": 0, "end": 5}, {"version": 4, "start": 5, "end": 9}]
-    assert weight_versions(result({"weight_versions": spans})) == ["3", "4"]
-    assert weight_versions(result({"weight_version": "w1"})) == ["w1"]
-    assert weight_versions(result({})) == []
+    assert call_versions(result({}, ((0, 5, "3"), (5, 9, "4")))) == ["3", "4"]
+    assert call_versions(result({"weight_version": "w1"})) == ["w1"]
+    assert call_versions(result({})) == []

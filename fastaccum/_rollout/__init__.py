@@ -8,7 +8,7 @@ connection pools, opening a stream), ``endings`` (how a call ends, committed onc
 (the rollout function, ``request_abort``, buffering, the idle wait).
 """
 
-from fastaccum._rollout.calls import append_call, budget, call_tokens, record_timing
+from fastaccum._rollout.calls import append_call, budget, call_tokens, call_versions, record_timing
 from fastaccum._rollout.endings import committer, end_call, has_in_tree_request_abort, opted_out_of_request_cancel
 from fastaccum._rollout.framework import CONTROL_TIMEOUT, Framework, import_framework
 from fastaccum._rollout.lifecycle import Lifecycle, ModuleAbort, collect_groups, kept_a_prefix, leaves, wait_until_idle
@@ -27,6 +27,7 @@ __all__ = (
     "budget",
     "append_call",
     "call_tokens",
+    "call_versions",
     "record_timing",
     "committer",
     "end_call",

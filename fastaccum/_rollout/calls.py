@@ -11,7 +11,7 @@ import numpy as np
 from fastaccum.errors import StreamFormatError
 from fastaccum.result import StreamResult
 
-__all__ = ("call_tokens", "record_timing", "budget", "append_call")
+__all__ = ("call_tokens", "call_versions", "record_timing", "budget", "append_call")
 
 
 def call_tokens(result: StreamResult, asked: str) -> tuple[list[int], list[float]]:
@@ -27,6 +27,16 @@ def call_tokens(result: StreamResult, asked: str) -> tuple[list[int], list[float
         # A NaN logprob would poison off-policy correction (TIS) for the whole batch.
         raise StreamFormatError(f"null logprob for sampled token at position {int(nulls[0])} of {len(tokens)}")
     return tokens, result.logprobs.tolist()
+
+
+def call_versions(result: StreamResult) -> list[str]:
+    """The weight versions a call ran under, in order: one per run of its tokens'
+    ``weight_version_spans`` (an update mid-request makes two), else the newest event's
+    ``weight_version`` (a stream that did not say one for every token: a cut vLLM one says none)."""
+    if result.weight_version_spans is not None:
+        return [version for _, _, version in result.weight_version_spans]
+    version = result.meta_info.get("weight_version")
+    return [] if version is None else [str(version)]
 
 
 def record_timing(sample: Any, result: StreamResult) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastaccum._rollout import append_call, call_tokens, record_timing
+from fastaccum._rollout import append_call, call_tokens, call_versions, record_timing
 from fastaccum.errors import ServerError, StreamFormatError
 from fastaccum.result import StreamResult
 from fastaccum.slime._modules import modules
@@ -43,6 +43,11 @@ def commit_terminal(args: Any, sample: Any, result: StreamResult, tokenizer: Any
     tokens, logprobs = call_tokens(result, "return_logprob is set")
     meta = dict(result.meta_info)
     meta["finish_reason"] = reason
+    # slime's Sample takes one version per call (meta's, for a call with tokens); a call that ran
+    # across weight updates adds the later ones, in order.
+    versions = call_versions(result)
+    if versions:
+        meta["weight_version"] = versions[0]
     # Decoded arrays go straight into meta_info: slime's decode_int32_meta_array takes arrays as is.
     if result.top_p_token_ids is not None:
         meta["top_p_token_ids"] = result.top_p_token_ids
@@ -50,6 +55,8 @@ def commit_terminal(args: Any, sample: Any, result: StreamResult, tokenizer: Any
     if routed is not None:
         meta["routed_experts"] = routed
     append_call(args, sample, tokens, logprobs, _text(result, tokens, tokenizer), meta, terminal=True)
+    if tokens:
+        sample.weight_versions.extend(versions[1:])
     record_timing(sample, result)
 
 
@@ -58,8 +65,7 @@ def commit_prefix(args: Any, sample: Any, result: StreamResult, tokenizer: Any) 
     tokens, logprobs = call_tokens(result, "return_logprob is set")
     if tokens:
         append_call(args, sample, tokens, logprobs, _text(result, tokens, tokenizer), None, terminal=False)
-        version = result.meta_info.get("weight_version")
-        if version is not None:  # keep one entry per committed segment, as terminal commits do
-            sample.weight_versions.append(version)
+        # the versions the prefix ran under, as terminal commits record them
+        sample.weight_versions.extend(call_versions(result))
     record_timing(sample, result)
     sample.status = modules().Sample.Status.ABORTED

@@ -9,12 +9,12 @@ from typing import Any
 
 import numpy as np
 
-from fastaccum._rollout import append_call, call_tokens, record_timing
+from fastaccum._rollout import append_call, call_tokens, call_versions, record_timing
 from fastaccum.errors import ServerError, StreamFormatError
 from fastaccum.result import StreamResult
 from fastaccum.vime._modules import modules
 
-__all__ = ("commit_prefix", "commit_terminal", "finish_of", "weight_versions")
+__all__ = ("commit_prefix", "commit_terminal", "finish_of")
 
 # vLLM's finish_reason strings as vime maps them (vllm_rollout._inference_generate_meta_info);
 # vime maps any other string to "stop" (complete), which would train on an errored or unknown end:
@@ -33,17 +33,6 @@ def finish_of(result: StreamResult) -> dict[str, Any]:
     if kind is None:
         raise StreamFormatError(f"unknown vLLM finish_reason {raw!r}")
     return {"type": kind}
-
-
-def weight_versions(result: StreamResult) -> list[str]:
-    """The weight versions a call ran under: one per ``weight_versions`` span of the finishing
-    choice (vLLM 0.32: ``[{"version", "start", "end"}]``; a weight update mid-request makes two),
-    or a top-level ``weight_version`` where a server sends that instead."""
-    spans = result.meta_info.get("weight_versions")
-    if isinstance(spans, list) and spans:
-        return [str(span["version"]) for span in spans if isinstance(span, dict) and span.get("version") is not None]
-    version = result.meta_info.get("weight_version")
-    return [] if version is None else [str(version)]
 
 
 def _text(tokens: list[int], tokenizer: Any, skip_special_tokens: bool) -> str:
@@ -85,7 +74,7 @@ def commit_terminal(
     tokens, logprobs = call_tokens(result, "logprobs: 1 is sent")
     info = result.meta_info
     meta: dict[str, Any] = {"finish_reason": finish}
-    versions = weight_versions(result)
+    versions = call_versions(result)
     usage = info.get("usage")
     if isinstance(usage, dict):
         meta["prompt_tokens"] = usage.get("prompt_tokens", 0)
@@ -129,6 +118,6 @@ def commit_prefix(args: Any, sample: Any, result: StreamResult, tokenizer: Any, 
             _top_p(result, meta)
             append_call(args, sample, tokens, logprobs, text, meta, terminal=False)
         # one entry per committed segment, as a terminal commit makes
-        sample.weight_versions.extend(weight_versions(result))
+        sample.weight_versions.extend(call_versions(result))
     record_timing(sample, result)
     sample.status = modules().Sample.Status.ABORTED
