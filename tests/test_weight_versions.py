@@ -124,7 +124,7 @@ def test_a_finishing_record_that_does_not_cover_the_tokens_leaves_the_events_lab
 
 
 def test_adjacent_equal_versions_merge_and_a_version_without_tokens_leaves_no_run() -> None:
-    from fastaccum._core.policy import weight_spans
+    from fastaccum._core.results import weight_spans
 
     assert weight_spans([(0, "v1"), (5, "v9"), (5, "v1"), (8, "v2")], 10, None) == ((0, 8, "v1"), (8, 10, "v2"))
     assert weight_spans([(0, "v1")], 0, None) == ()  # no token yet: nothing to say

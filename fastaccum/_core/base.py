@@ -21,12 +21,12 @@ from fastaccum._core.policy import (
     ARRAY_KEYS,
     DIALECTS,
     ParsedEvent,
-    build_result,
     check_options,
     finish_error,
     read_arrays,
     routed_experts_missing,
 )
+from fastaccum._core.results import build_result
 from fastaccum.errors import StreamError
 from fastaccum.result import StreamResult, snapshot_of
 
