@@ -1,11 +1,13 @@
 """Build the live tiers' model: a tiny random-weight Qwen3-MoE with a locally trained tokenizer.
 
-    python tools/live/build_tiny_moe.py OUT_DIR
+    python tools/live/build_tiny_moe.py OUT_DIR [--seed NAME]
 
 Run it with an engine venv's Python (it needs torch, safetensors and tokenizers; transformers is not
 needed). No hub: the tokenizer is a byte-level BPE trained here on a corpus this script generates
 from a fixed seed, and every weight comes from a torch generator seeded by the tensor's name, so
 the same script writes the same bytes on every build (``--check`` prints the digest of the files).
+``--seed NAME`` prefixes every tensor's seed with NAME: another checkpoint of the same model (the
+same tokenizer and shapes, other weights), which the live tiers load as a weight update.
 
 The shape is what both engines' CPU paths run quickly and what routing replay needs: 2 layers,
 8 experts, top-2 routing, hidden 128, about 1.5 M parameters, bf16, safetensors. Weights are random
@@ -154,7 +156,7 @@ def shapes() -> dict[str, tuple[tuple[int, ...], float]]:
     return table
 
 
-def build_weights(out: Path) -> int:
+def build_weights(out: Path, seed_prefix: str = "") -> int:
     import torch
     from safetensors.torch import save_file
 
@@ -164,7 +166,7 @@ def build_weights(out: Path) -> int:
             tensors[name] = torch.ones(shape, dtype=torch.bfloat16)
             continue
         # One generator per tensor, seeded by its name: a tensor's bytes never depend on the others.
-        seed = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
+        seed = int.from_bytes(hashlib.sha256((seed_prefix + name).encode()).digest()[:8], "little")
         generator = torch.Generator().manual_seed(seed)
         tensors[name] = (torch.randn(shape, generator=generator, dtype=torch.float32) * std).to(torch.bfloat16)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
@@ -181,11 +183,12 @@ def digest(out: Path) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="directory to write (created; existing files are replaced)")
+    parser.add_argument("--seed", default="", help="another checkpoint: every weight's seed prefixed with this")
     args = parser.parse_args()
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     build_tokenizer(out)
-    params = build_weights(out)
+    params = build_weights(out, args.seed)
     (out / "config.json").write_text(json.dumps(CONFIG, indent=2, sort_keys=True) + "\n")
     generation = {"bos_token_id": 0, "eos_token_id": 0, "do_sample": False}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")

@@ -169,8 +169,9 @@ def venv_python(name: str) -> Path:
 # ---- the model --------------------------------------------------------------------------------
 
 
-def model_dir(python: Path) -> Path:
-    """The tiny model, built by tools/live/build_tiny_moe.py with ``python`` (an engine venv's)."""
+def model_dir(python: Path, seed: str = "") -> Path:
+    """The tiny model, built by tools/live/build_tiny_moe.py with ``python`` (an engine venv's);
+    ``seed``: another checkpoint of it (other weights), for weight updates."""
     script = HERE / "build_tiny_moe.py"
     versions = subprocess.run(
         [str(python), "-c", "import torch, tokenizers; print(torch.__version__, tokenizers.__version__)"],
@@ -179,12 +180,12 @@ def model_dir(python: Path) -> Path:
         check=True,
     ).stdout.strip()
     key = hashlib.sha256(script.read_bytes() + versions.encode()).hexdigest()[:12]
-    out = cache_root() / f"tiny-moe-{key}"
+    out = cache_root() / (f"tiny-moe-{key}" + (f"-{seed}" if seed else ""))
     with _locked(out):
         if not (out / "config.json").is_file():
             partial = out.with_name(out.name + ".partial")
             shutil.rmtree(partial, ignore_errors=True)
-            subprocess.run([str(python), str(script), str(partial)], check=True)
+            subprocess.run([str(python), str(script), str(partial), *(["--seed", seed] if seed else [])], check=True)
             partial.rename(out)
     return out
 
