@@ -38,7 +38,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 from aiohttp import web
-from live_helpers import ModelTokenizer, get_json, post_json, post_raw
+from live_helpers import ModelTokenizer, engines, get_json, post_json, post_raw
 
 pytest.importorskip("torch")  # slime's Sample holds tensors; the double's does too
 
@@ -86,6 +86,7 @@ class PassThroughRouter:
     def __init__(self, worker: str) -> None:
         self.worker = worker
         self.generate_bodies: list[dict[str, Any]] = []
+        self.events: dict[str, int] = {}  # rid -> events passed on to the client
         self.url = ""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="router")
@@ -127,8 +128,10 @@ class PassThroughRouter:
     async def _pass(self, request: web.Request) -> web.StreamResponse:
         assert self._session is not None
         body = await request.read()
+        rid = None
         if request.path == "/generate":
             self.generate_bodies.append(json.loads(body))
+            rid = self.generate_bodies[-1].get("rid")
         headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
         async with self._session.request(
             request.method, self.worker + request.path_qs, data=body, headers=headers
@@ -142,6 +145,8 @@ class PassThroughRouter:
             # connection: SGLang sees the disconnect as it would behind slime's router.
             async for data in upstream.content.iter_any():
                 await response.write(data)
+                if rid is not None:  # events passed on per request, for a test that acts mid-stream
+                    self.events[rid] = self.events.get(rid, 0) + data.count(b"data: {")
             await response.write_eof()
             return response
 
@@ -365,3 +370,49 @@ def test_a_rollout_aborted_mid_stream_buffers_drained_prefixes_and_resumes_them_
             assert sample.response == long_ref["text"] and sample.weight_versions == [version, version]
             assert harness.REWARDS[sample.index] == 1 and sample.reward == float(MAX)
         assert hard == []
+
+
+@pytest.mark.parametrize("sglang_mode", ["incremental"])
+@pytest.mark.parametrize("pause_mode", ["retract", "in_place"])
+def test_a_weight_update_mid_rollout_leaves_every_sample_complete_with_both_versions(
+    sglang: Any, env: Any, pause_mode: str
+) -> None:
+    """What Miles (retract, its default) and in-flight refit (in_place) do around a weight update:
+    the server pauses mid-rollout, loads the second checkpoint as version "v2" and goes on. The
+    rollout never notices but in the versions: every sample completes, its routed experts cover
+    its sequence, and it records both versions, in order."""
+    tokenizer = ModelTokenizer(sglang.model)
+    second = engines.model_dir(sglang.python, seed="b")
+    with PassThroughRouter(sglang.url) as router, model_tokenizer(env, tokenizer), server_wide_aborts(env) as hard:
+        args = rollout_args(env, router, sglang.model, stop=-1)
+        args.rollout_stop_token_ids = None
+        args.over_sampling_batch_size = 1
+        env.http_utils.init_http_client(args)
+        source = Prompts(env, args, [LONG])
+        done: list[Any] = []
+        rollout = threading.Thread(target=lambda: done.append(fs.generate_rollout(args, 0, source)), daemon=True)
+        try:
+            rollout.start()
+            deadline = time.monotonic() + 120
+            while len(router.events) < 2 or min(router.events.values()) < 10:  # both samples streaming
+                assert time.monotonic() < deadline and rollout.is_alive(), "the rollout did not start streaming"
+                time.sleep(0.005)
+            assert post_raw(sglang.url + "/pause_generation", {"mode": pause_mode})[0] == 200
+            update = {"model_path": str(second), "weight_version": "v2", "flush_cache": pause_mode == "retract"}
+            status, reply = post_raw(sglang.url + "/update_weights_from_disk", update)
+            assert status == 200, reply
+            assert post_raw(sglang.url + "/continue_generation", {})[0] == 200
+            rollout.join(300)
+            assert not rollout.is_alive()
+        finally:
+            restore = {"model_path": str(sglang.model), "weight_version": "default"}
+            post_raw(sglang.url + "/continue_generation", {})
+            rollout.join(300)
+            assert post_raw(sglang.url + "/update_weights_from_disk", restore)[0] == 200
+        ((group,),) = [done[0].samples]
+        for sample in group:
+            assert sample.status == env.Sample.Status.TRUNCATED and sample.response_length == MAX
+            assert sample.weight_versions == ["default", "v2"], sample.weight_versions
+            assert tuple(sample.rollout_routed_experts.shape) == (len(sample.tokens) - 1, *EXPERTS)
+            assert len(sample.rollout_log_probs) == MAX and sample.reward == float(MAX)
+        assert hard == [] and idle(sglang)

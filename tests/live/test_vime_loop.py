@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -274,3 +276,51 @@ def test_a_rollout_aborted_mid_stream_buffers_cut_prefixes_and_resumes_them_to_t
             assert_holds_answer(env, sample, long_ids, long_ref, tokenizer, [k, MAX - k], ["default", "default"])
             assert harness.REWARDS[sample.index] == 1 and sample.reward == float(MAX)
         assert hard == []
+
+
+def generated_tokens(server: Any) -> float:
+    """Tokens the vLLM engine has generated so far (its Prometheus counter)."""
+    with urllib.request.urlopen(server.url + "/metrics", timeout=30) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith("vllm:generation_tokens_total"):
+                return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("vLLM's /metrics has no vllm:generation_tokens_total")
+
+
+def test_a_weight_version_change_mid_rollout_under_a_keep_pause_leaves_every_sample_complete(
+    vllm: Any, env: Any
+) -> None:
+    """What SkyRL, prime-rl and OpenRLHF do around a weight update: ``/pause?mode=keep``, the new
+    version, ``/resume``. The rollout never notices but in the versions: every sample completes
+    and records both versions, in order (vLLM's spans on the finishing chunk)."""
+    tokenizer = ModelTokenizer(vllm.model)
+    with vllm_router([vllm.url]) as router, model_tokenizer(env, tokenizer), server_wide_aborts(env) as hard:
+        args = rollout_args(env, router, stop=-1)
+        args.rollout_stop_token_ids = None
+        args.over_sampling_batch_size = 1
+        env.http_utils.init_http_client(args)
+        source = Prompts(env, args, [LONG])
+        done: list[Any] = []
+        start = generated_tokens(vllm)
+        rollout = threading.Thread(target=lambda: done.append(fv.generate_rollout(args, 0, source)), daemon=True)
+        try:
+            rollout.start()
+            deadline = time.monotonic() + 120
+            while generated_tokens(vllm) - start < 20:  # both samples are decoding
+                assert time.monotonic() < deadline and rollout.is_alive(), "the rollout did not start decoding"
+                time.sleep(0.01)
+            assert post_raw(vllm.url + "/pause?mode=keep&clear_cache=false", {})[0] == 200
+            assert post_raw(vllm.url + "/update_weight_version", {"new_version": "v2"})[0] == 200
+            assert post_raw(vllm.url + "/resume", {})[0] == 200
+            rollout.join(300)
+            assert not rollout.is_alive()
+        finally:
+            post_raw(vllm.url + "/resume", {})
+            rollout.join(300)
+            assert post_raw(vllm.url + "/update_weight_version", {"new_version": "default"})[0] == 200
+        ((group,),) = [done[0].samples]
+        for sample in group:
+            assert sample.status == env.Sample.Status.TRUNCATED and sample.response_length == MAX
+            assert sample.weight_versions == ["default", "v2"], sample.weight_versions
+            assert len(sample.rollout_log_probs) == MAX and sample.reward == float(MAX)
+        assert hard == [] and idle(vllm)
