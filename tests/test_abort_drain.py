@@ -224,6 +224,29 @@ def test_the_deadline_cuts_a_drain_the_server_never_ends(twin: ModuleType) -> No
     )
 
 
+def test_closing_the_client_ends_a_drain_at_once_and_says_why(twin: ModuleType) -> None:
+    """A stream waiting for its abort's terminal event ends when its Client closes, with its
+    prefix, as a cut: the deadline is not waited out (the clock never moves here)."""
+    emulator = Emulator(token_rate=2000)
+    emulator.abort = lambda *args, **kwargs: 0  # type: ignore[method-assign]  # answers 200, aborts nothing
+
+    async def main() -> tuple[StreamResult, Any]:
+        async with emulator as url:
+            client = fastaccum.Client(url, abort_drain_s=3600)
+            stream = client.stream(payload("close-1", 1_000_000))
+            task = asyncio.ensure_future(stream.run())
+            await wait_until(lambda: stream.tokens >= 20)
+            stream.abort()
+            await wait_until(lambda: emulator.stats.calls.get("/abort_request", 0) == 1)
+            await client.close()
+            return await asyncio.wait_for(task, 30), stream.abort_error
+
+    result, error = run(main())
+    assert result.aborted and not result.replay_complete
+    assert_matches(emulator, "close-1", result)
+    assert isinstance(error, fastaccum.StreamConnectionError) and str(error) == "the Client was closed"
+
+
 # ---- an abort before the server answered ------------------------------------------------------
 
 

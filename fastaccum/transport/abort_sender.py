@@ -272,6 +272,13 @@ class Drain:
             self._sender.forget(self._waiting)
             self._waiting = []
 
+    def interrupted(self, exc: BaseException) -> None:
+        """The connection went before the server ended the request (the client closed, the
+        server left): a cut, for ``exc``'s reason."""
+        if self._timer is not None:
+            self.cancel()
+            self.error = exc
+
     def _expired(self) -> None:
         self._timer = None
         self.error = StreamTimeoutError(

@@ -121,8 +121,12 @@ class Client:
     async def close(self) -> None:
         """Close every connection; streams still running end as if the server had closed."""
         self._closed = True
+        closed = StreamConnectionError("the Client was closed")
         for conn in list(self._connections):
+            lost = conn.lost
             conn.close()
+            if lost is not None:  # its stream ends now, a drain it waited on with it
+                lost(closed)
         self._idle.clear()
         for resumer in self._resumers.values():
             resumer.close()

@@ -288,6 +288,9 @@ class ClientStream(StreamConsumer):
         waiter = self._waiter
         if waiter is None or waiter.done():
             return
+        if self._drain is not None:
+            cause = f"the connection closed before the server ended request {self.rid} after its abort"
+            self._drain.interrupted(exc if isinstance(exc, StreamError) else StreamConnectionError(cause))
         conn = self._conn
         receiver = conn.receiver if conn is not None else None
         if receiver == self._on_body:
