@@ -22,9 +22,13 @@ CONTROL_TIMEOUT = aiohttp.ClientTimeout(total=10)
 
 
 class Framework:
-    """One framework (slime, vime) as the skeleton drives it: an adapter subclasses it and fills in
-    what is its own. vime is slime's port, so both keep one module layout and one flag naming
-    (``--{flags}-router-ip``, ``--{flags}-server-concurrency``)."""
+    """One framework (slime, vime, Miles) as the skeleton drives it: an adapter subclasses it and
+    fills in what is its own. vime and Miles are slime's offspring, so all keep one module layout
+    and one flag naming (``--{flags}-router-ip``, ``--{flags}-server-concurrency``)."""
+
+    # With --partial-rollout, a rollout abort buffers the pending groups that kept a prefix (slime
+    # with request-level abort and vime 2b83ea20 do), or every pending group (Miles does).
+    buffers_every_group = False
 
     def __init__(
         self,
@@ -108,6 +112,10 @@ class Framework:
     async def after_cut(self, args: Any, settings: RolloutSettings) -> None:
         """After fastaccum cut its streams, before the idle wait (vime names them to a cancel
         endpoint); nothing by default."""
+
+    async def before_collecting(self, args: Any) -> None:
+        """After fastaccum stopped its streams, before it waits for the pending groups: whatever
+        else runs the samples stops too (Miles' agent plugins); nothing by default."""
 
 
 def import_framework(package: str, rollout: str, home: str, **extra: ModuleType | None) -> SimpleNamespace:

@@ -63,20 +63,23 @@ def kept_a_prefix(group: list[Any], aborted: Any) -> bool:
     return any(s.status == aborted and s.response_length > 0 for s in leaves(group))
 
 
-async def collect_groups(state: Any, args: Any, rollout_id: int, aborted: Any, framework: Framework) -> list[list[Any]]:
-    """Wait for every pending group as the framework's own abort does (never cancelling one:
-    siblings may be computing rewards); with ``--partial-rollout``, the groups that kept a prefix,
-    each resumed sample stamped with the rollout it started in."""
+async def collect_groups(
+    pendings: set[asyncio.Task[Any]], args: Any, rollout_id: int, aborted: Any, framework: Framework
+) -> list[list[Any]]:
+    """Wait for every pending group task as the framework's own abort does (never cancelling one:
+    siblings may be computing rewards); with ``--partial-rollout``, the groups to buffer (those
+    that kept a prefix, or every one where the framework buffers so), each resumed sample stamped
+    with the rollout it started in."""
     groups: list[list[Any]] = []
     count = 0
     partial = getattr(args, "partial_rollout", False)
-    while state.pendings:
-        done, state.pendings = await asyncio.wait(state.pendings, return_when=asyncio.FIRST_COMPLETED)
+    while pendings:
+        done, pendings = await asyncio.wait(pendings, return_when=asyncio.FIRST_COMPLETED)
         if not partial:
             continue
         for task in done:
             group = task.result()
-            if not kept_a_prefix(group, aborted):
+            if not framework.buffers_every_group and not kept_a_prefix(group, aborted):
                 continue  # nothing observed: resuming would only redo finished siblings' work
             for sample in leaves(group):
                 if sample.response and "start_rollout_id" not in sample.metadata:
@@ -159,19 +162,32 @@ class Lifecycle:
         return generate_rollout
 
     def _run(self, function: Callable[..., Any], args: Any, rollout_id: int, data_source: Any, evaluation: bool) -> Any:
-        rollout = self.framework.modules().rollout
         if evaluation:
-            try:
+            with self.evaluating(rollout_id):
                 return function(args, rollout_id, data_source, evaluation=True)
-            finally:
-                self._report(f"evaluation {rollout_id}", self.pools.stats.close())
+        with self.rolling_out(args, rollout_id):
+            return function(args, rollout_id, data_source, evaluation=False)
+
+    @contextlib.contextmanager
+    def evaluating(self, rollout_id: int) -> Iterator[None]:
+        """An evaluation runs as the framework runs it; its calls get a log line of their own."""
+        try:
+            yield
+        finally:
+            self._report(f"evaluation {rollout_id}", self.pools.stats.close())
+
+    @contextlib.contextmanager
+    def rolling_out(self, args: Any, rollout_id: int) -> Iterator[None]:
+        """A rollout of the framework's (a function, or a rollout class's call) runs in this block:
+        the settings are checked first, the framework's module-level ``abort`` is swapped for the
+        adapter's while it runs, and its log line and counts are kept for ``log_rollout_data``."""
         self.framework.settings(args)  # a setting fastaccum cannot take fails here, before any request
         if self._before_rollout is not None:
             self._before_rollout(args)
         self.pools.stats.close()  # this rollout's calls from here on (not an evaluation's, say)
         try:
-            with self.module_abort.swapped(rollout):
-                return function(args, rollout_id, data_source, evaluation=False)
+            with self.module_abort.swapped(self.framework.modules().rollout):
+                yield
         finally:
             self._report(f"rollout {rollout_id}", self.pools.stats.close(rollout_id))
 
@@ -198,25 +214,48 @@ class Lifecycle:
     def _framework_abort(self) -> Any:
         return self.module_abort.original(self.framework.modules().rollout)
 
-    async def abort(self, args: Any, rollout_id: int) -> list[list[Any]]:
-        """Abort the rollout's in-flight work and return the groups to buffer for partial rollout.
-        When it returns, every stream fastaccum stopped is closed or drained and the servers are idle."""
-        fw = self.framework
-        found = fw.modules()
+    def ends_its_calls(self, args: Any) -> bool:
+        """The rollout's generate function is one whose requests fastaccum ends (its
+        ``abort_mode``); another's fastaccum cannot see, and the framework's own abort must run."""
         path = getattr(args, "custom_generate_function_path", None)
-        if not path or getattr(found.misc.load_function(path), "abort_mode", None) != "request":
+        found = self.framework.modules().misc.load_function(path) if path else None
+        return getattr(found, "abort_mode", None) == "request"
+
+    async def abort(self, args: Any, rollout_id: int) -> list[list[Any]]:
+        """The framework's ``abort(args, rollout_id)`` (slime, vime, Miles' legacy rollout): the
+        rollout's state and its pending groups are the framework's ``GenerateState(args)``'s."""
+        state = self.framework.modules().rollout.GenerateState(args)
+        return await self.abort_calls(
+            args, rollout_id, state, own_abort=lambda: self._framework_abort()(args, rollout_id)
+        )
+
+    async def abort_calls(
+        self,
+        args: Any,
+        rollout_id: int,
+        state: Any,
+        *,
+        own_abort: Callable[[], Awaitable[list[list[Any]]]],
+        pendings: set[asyncio.Task[Any]] | None = None,
+    ) -> list[list[Any]]:
+        """Abort the rollout's in-flight work and return the groups to buffer for partial rollout.
+        When it returns, every stream fastaccum stopped is closed or drained and the servers are idle.
+
+        ``state``: the rollout's ``GenerateState``; ``own_abort``: the framework's own abort, for a
+        framework that cancels fastaccum's calls itself; ``pendings``: the pending group tasks where
+        the framework hands them over (Miles), else the state's."""
+        fw = self.framework
+        if not self.ends_its_calls(args):
             # Another generate function: fastaccum cannot see its requests, the framework's abort can.
-            stock: list[list[Any]] = await self._framework_abort()(args, rollout_id)
-            return stock
+            return await own_abort()
         settings = fw.settings(args)
-        state = found.rollout.GenerateState(args)
         streams = self.pools.registry()
         if has_in_tree_request_abort(state):
             # The framework cancels the request-abort calls itself (generate commits each prefix as
             # it is cancelled) and buffers the same groups; it only does not wait for the servers,
             # which may notice a closed connection late and still be decoding.
             server_wide = state.active_server_generations > 0
-            in_tree: list[list[Any]] = await self._framework_abort()(args, rollout_id)
+            in_tree = await own_abort()
             if not server_wide:
                 await self._settle(args, settings)
             return in_tree
@@ -229,7 +268,11 @@ class Lifecycle:
             # Calls that must end with their terminal event and cannot drain: only the server-wide
             # abort ends them that way.
             await fw.server_abort(args, await fw.worker_urls(args))
-        groups = await collect_groups(state, args, rollout_id, found.Sample.Status.ABORTED, fw)
+        await fw.before_collecting(args)
+        if pendings is None:
+            pendings, state.pendings = state.pendings, set()
+        aborted = fw.modules().Sample.Status.ABORTED
+        groups = await collect_groups(pendings, args, rollout_id, aborted, fw)
         if not server_wide:
             await self._settle(args, settings)
         return groups
