@@ -1,0 +1,3 @@
+from areal.api.io_struct import ModelRequest, ModelResponse, WeightUpdateMeta
+
+__all__ = ["ModelRequest", "ModelResponse", "WeightUpdateMeta"]
