@@ -166,6 +166,7 @@ setup(
         "fastaccum",
         "fastaccum._core",
         "fastaccum._rollout",
+        "fastaccum.areal",
         "fastaccum.cli",
         "fastaccum.emulator",
         "fastaccum.slime",

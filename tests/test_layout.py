@@ -43,6 +43,7 @@ def room(module: str) -> str:
         "_rollout": "rollout skeleton",
         "slime": "adapters",
         "vime": "adapters",
+        "areal": "adapters",
         "ray": "transport",  # streams in Ray actors: a transport the rollout skeleton may pick
         "cli": "command",
         "__main__": "command",
