@@ -62,7 +62,7 @@ def test_the_adapter_imports_without_areal_and_says_what_is_missing() -> None:
         "try:\n    fa.StreamingSGLangEngine\n"
         "except ImportError as exc:\n    print(exc)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.startswith("fastaccum.areal runs inside AReaL (areal-project/AReaL), which is not importable")
 
 
