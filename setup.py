@@ -169,6 +169,7 @@ setup(
         "fastaccum.areal",
         "fastaccum.cli",
         "fastaccum.emulator",
+        "fastaccum.miles",
         "fastaccum.slime",
         "fastaccum.transport",
         "fastaccum.vime",

@@ -44,6 +44,7 @@ def room(module: str) -> str:
         "slime": "adapters",
         "vime": "adapters",
         "areal": "adapters",
+        "miles": "adapters",
         "ray": "transport",  # streams in Ray actors: a transport the rollout skeleton may pick
         "cli": "command",
         "__main__": "command",

@@ -1,6 +1,7 @@
 """The adapters' skeleton, written once: a generate call's endings, the commit rule, the rollout
 function and request-level abort, buffering, the idle wait and the per-loop pools, driven by a
-``Framework`` record of what differs per framework (fastaccum.slime, fastaccum.vime).
+``Framework`` record of what differs per framework (fastaccum.slime, fastaccum.vime,
+fastaccum.miles).
 
 By job: ``framework`` (the record), ``settings`` (the ``fastaccum_*`` keys every adapter reads),
 ``calls`` (a call's tokens, timing and budget), ``pools`` (per event loop: streams to stop,
@@ -8,7 +9,15 @@ connection pools, opening a stream), ``endings`` (how a call ends, committed onc
 (the rollout function, ``request_abort``, buffering, the idle wait).
 """
 
-from fastaccum._rollout.calls import append_call, budget, call_tokens, call_versions, record_timing
+from fastaccum._rollout.calls import (
+    append_call,
+    budget,
+    call_text,
+    call_tokens,
+    call_versions,
+    record_timing,
+    sglang_finish,
+)
 from fastaccum._rollout.endings import committer, end_call, has_in_tree_request_abort, opted_out_of_request_cancel
 from fastaccum._rollout.framework import CONTROL_TIMEOUT, Framework, import_framework
 from fastaccum._rollout.lifecycle import Lifecycle, ModuleAbort, collect_groups, kept_a_prefix, leaves, wait_until_idle
@@ -27,6 +36,8 @@ __all__ = (
     "budget",
     "append_call",
     "call_tokens",
+    "call_text",
+    "sglang_finish",
     "call_versions",
     "record_timing",
     "committer",

@@ -8,10 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from fastaccum.errors import StreamFormatError
+from fastaccum.errors import ServerError, StreamFormatError
 from fastaccum.result import StreamResult
 
-__all__ = ("call_tokens", "call_versions", "record_timing", "budget", "append_call")
+__all__ = ("call_tokens", "call_text", "call_versions", "sglang_finish", "record_timing", "budget", "append_call")
+
+# The finish_reason types slime and Miles map to a status; anything else would leave a resumed
+# sample ABORTED or a new one PENDING, trained on as if it ended, so it is refused.
+_SGLANG_FINISH_TYPES = ("stop", "length", "abort")
 
 
 def call_tokens(result: StreamResult, asked: str) -> tuple[list[int], list[float]]:
@@ -27,6 +31,33 @@ def call_tokens(result: StreamResult, asked: str) -> tuple[list[int], list[float
         # A NaN logprob would poison off-policy correction (TIS) for the whole batch.
         raise StreamFormatError(f"null logprob for sampled token at position {int(nulls[0])} of {len(tokens)}")
     return tokens, result.logprobs.tolist()
+
+
+def call_text(result: StreamResult, tokens: list[int], tokenizer: Any) -> str:
+    """A call's text: the stream's, or, from --skip-tokenizer-init servers that send none, the
+    tokens decoded once (not per event)."""
+    if result.text is not None:
+        return result.text
+    return tokenizer.decode(tokens) if tokens else ""
+
+
+def sglang_finish(result: StreamResult) -> dict[str, Any]:
+    """The ``finish_reason`` of a call that ended with SGLang's terminal event, checked before
+    anything is committed: an abort with a status code (a validation failure, a server timeout:
+    not an abort or a pause) fails the call, as does a type the framework has no status for."""
+    reason = result.finish_reason
+    if reason is None:  # run() returns only finished or aborted results; a cut one is a prefix
+        raise StreamFormatError("stream ended without a finish_reason")
+    kind = reason.get("type")
+    if kind == "abort" and reason.get("status_code") is not None:
+        raise ServerError(
+            f"SGLang aborted the request with status {reason.get('status_code')}: {reason.get('message')}",
+            status=reason.get("status_code"),
+            server_message=str(reason.get("message")),
+        )
+    if kind not in _SGLANG_FINISH_TYPES:
+        raise StreamFormatError(f"unknown finish_reason type {kind!r}")
+    return dict(reason)
 
 
 def call_versions(result: StreamResult) -> list[str]:

@@ -211,7 +211,8 @@ class Lifecycle:
             self.framework.logger.info("fastaccum: rollout %d metrics: %s", rollout_id, metrics)
         return False
 
-    def _framework_abort(self) -> Any:
+    def framework_abort(self) -> Any:
+        """The framework's own module-level ``abort`` (not the one swapped in)."""
         return self.module_abort.original(self.framework.modules().rollout)
 
     def ends_its_calls(self, args: Any) -> bool:
@@ -226,7 +227,7 @@ class Lifecycle:
         rollout's state and its pending groups are the framework's ``GenerateState(args)``'s."""
         state = self.framework.modules().rollout.GenerateState(args)
         return await self.abort_calls(
-            args, rollout_id, state, own_abort=lambda: self._framework_abort()(args, rollout_id)
+            args, rollout_id, state, own_abort=lambda: self.framework_abort()(args, rollout_id)
         )
 
     async def abort_calls(

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 from fastaccum.errors import SettingsError
 from fastaccum.transport.client import DEFAULT_ABORT_DRAIN_S, DEFAULT_COALESCE_MS, DEFAULT_RETRY_MAX_DELAY_S
 
-__all__ = ("RolloutSettings", "DEFAULT_RETRIES")
+__all__ = ("RolloutSettings", "DEFAULT_RETRIES", "stream_mode_mismatch")
 
 # slime's own client tries a failed POST 60 times, 1 s apart: a server restart survives that.
 DEFAULT_RETRIES = 60
@@ -152,4 +152,16 @@ def check_keys(args: Any, known: tuple[str, ...]) -> None:
     raise SettingsError(
         f"unknown fastaccum setting{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
         f"the known keys are {', '.join(sorted(known))}"
+    )
+
+
+def stream_mode_mismatch(framework: str, incremental: bool, where: str, server: bool) -> ValueError:
+    """A server that streams in the other mode than the framework's flag says (slime and Miles
+    hand ``--sglang-*`` flags to the servers they start), naming both flags, before anything is
+    sent: otherwise every call would fail at its first event."""
+    return ValueError(
+        f"stream mode mismatch: {framework} runs with --sglang-incremental-streaming-output "
+        f"{'on' if incremental else 'off'}, but the SGLang server at {where} reports "
+        f"--incremental-streaming-output {'on' if server else 'off'}; make them agree "
+        f"(or set fastaccum_stream_mode: auto)"
     )

@@ -4,42 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastaccum._rollout import append_call, call_tokens, call_versions, record_timing
-from fastaccum.errors import ServerError, StreamFormatError
+from fastaccum._rollout import append_call, call_text, call_tokens, call_versions, record_timing, sglang_finish
 from fastaccum.result import StreamResult
 from fastaccum.slime._modules import modules
 
 __all__ = ("commit_prefix", "commit_terminal")
-
-# The finish_reason types slime maps to a status; anything else would leave a resumed sample
-# ABORTED or a new one PENDING, so it is refused.
-_FINISH_TYPES = ("stop", "length", "abort")
-
-
-def _text(result: StreamResult, tokens: list[int], tokenizer: Any) -> str:
-    if result.text is not None:
-        return result.text
-    # --skip-tokenizer-init servers send no text: decode once, not per event.
-    return tokenizer.decode(tokens) if tokens else ""
 
 
 def commit_terminal(args: Any, sample: Any, result: StreamResult, tokenizer: Any, routed: Any) -> None:
     """A call that ended with its terminal event: tokens, terminal bookkeeping, status, and
     ``routed``, the sample's routed experts for its whole sequence (held rows and the call's,
     joined: fastaccum._rollout.replay), which slime's ``Sample`` takes whole."""
-    reason = result.finish_reason
-    if reason is None:  # run() returns only finished or aborted results; never commit a cut one
-        raise StreamFormatError("stream ended without a finish_reason")
-    kind = reason.get("type")
-    if kind == "abort" and reason.get("status_code") is not None:
-        # A validation failure or a server timeout, not a pause or abort: fail the rollout.
-        raise ServerError(
-            f"SGLang aborted the request with status {reason.get('status_code')}: {reason.get('message')}",
-            status=reason.get("status_code"),
-            server_message=str(reason.get("message")),
-        )
-    if kind not in _FINISH_TYPES:
-        raise StreamFormatError(f"unknown finish_reason type {kind!r}")
+    reason = sglang_finish(result)  # never commit a cut one, a failed one or an unknown end
     tokens, logprobs = call_tokens(result, "return_logprob is set")
     meta = dict(result.meta_info)
     meta["finish_reason"] = reason
@@ -54,7 +30,7 @@ def commit_terminal(args: Any, sample: Any, result: StreamResult, tokenizer: Any
         meta["top_p_token_offsets"] = result.top_p_token_offsets
     if routed is not None:
         meta["routed_experts"] = routed
-    append_call(args, sample, tokens, logprobs, _text(result, tokens, tokenizer), meta, terminal=True)
+    append_call(args, sample, tokens, logprobs, call_text(result, tokens, tokenizer), meta, terminal=True)
     if tokens:
         sample.weight_versions.extend(versions[1:])
     record_timing(sample, result)
@@ -64,7 +40,7 @@ def commit_prefix(args: Any, sample: Any, result: StreamResult, tokenizer: Any) 
     """A deliberate request-level cancel: the observed prefix, no terminal bookkeeping, ABORTED."""
     tokens, logprobs = call_tokens(result, "return_logprob is set")
     if tokens:
-        append_call(args, sample, tokens, logprobs, _text(result, tokens, tokenizer), None, terminal=False)
+        append_call(args, sample, tokens, logprobs, call_text(result, tokens, tokenizer), None, terminal=False)
         # the versions the prefix ran under, as terminal commits record them
         sample.weight_versions.extend(call_versions(result))
     record_timing(sample, result)

@@ -7,6 +7,7 @@ from typing import Any
 
 import aiohttp
 
+from fastaccum._rollout.settings import stream_mode_mismatch
 from fastaccum.slime._pools import CONTROL_TIMEOUT, FRAMEWORK, POOLS
 from fastaccum.slime._settings import Settings
 
@@ -34,12 +35,7 @@ async def check_server_mode(args: Any, settings: Settings, session: aiohttp.Clie
         for where, info in await _server_infos(args, session):
             server = info.get("incremental_streaming_output")
             if isinstance(server, bool) and server != configured:
-                raise ValueError(
-                    f"stream mode mismatch: slime runs with --sglang-incremental-streaming-output "
-                    f"{'on' if configured else 'off'}, but the SGLang server at {where} reports "
-                    f"--incremental-streaming-output {'on' if server else 'off'}; make them agree "
-                    f"(or set fastaccum_stream_mode: auto)"
-                )
+                raise stream_mode_mismatch("slime", configured, where, server)
         checked_modes.add(key)
 
 
