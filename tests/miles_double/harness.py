@@ -201,6 +201,7 @@ def make_args(env: MilesEnv, emulator: Any, **overrides: Any) -> SimpleNamespace
         sglang_router_policy=None,
         use_miles_router=False,
         sglang_server_concurrency=8,
+        sglang_dp_size=None,
         rollout_num_gpus=1,
         rollout_num_gpus_per_engine=1,
         eval_num_gpus=0,
