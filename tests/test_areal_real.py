@@ -13,7 +13,6 @@ it is not installed (tests/areal_double/harness.py).
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -33,11 +32,6 @@ ENVS = [("double", harness.DOUBLE_ROOT), ("real", ROOT)]
 ROWS: list[tuple[str, str, str, str, str]] = []
 
 
-def commit_of(root: str) -> str:
-    done = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
-    return done.stdout.strip() or os.environ.get("FASTACCUM_AREAL_COMMIT", "unknown (no git checkout)")
-
-
 @pytest.fixture(scope="module")
 def world() -> Iterator[Any]:
     world = harness.World()
@@ -46,7 +40,7 @@ def world() -> Iterator[Any]:
     table = os.environ.get("FASTACCUM_AREAL_TABLE")
     if table and ROWS:
         head = "| env | twin | scenario | AReaL's engine | fastaccum's engine |"
-        lines = [f"AReaL {commit_of(ROOT)}", "", head, "|---|---|---|---|---|"]
+        lines = [f"AReaL {harness.commit_of(ROOT)}", "", head, "|---|---|---|---|---|"]
         lines += ["| " + " | ".join(row) + " |" for row in ROWS]
         Path(table).write_text("\n".join(lines) + "\n", encoding="utf-8")
 

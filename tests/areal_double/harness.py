@@ -16,6 +16,8 @@ import dataclasses
 import importlib
 import importlib.machinery
 import json
+import os
+import subprocess
 import sys
 import threading
 import types
@@ -169,6 +171,12 @@ class AReaLEnv:
 
     def generate(self, engine: Any, req: Any) -> Any:
         return self.start(engine, req).result(WAIT_S)
+
+
+def commit_of(root: str) -> str:
+    """The AReaL commit a table's rows come from (``FASTACCUM_AREAL_COMMIT`` for a tree without git)."""
+    done = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
+    return done.stdout.strip() or os.environ.get("FASTACCUM_AREAL_COMMIT", "unknown (no git checkout)")
 
 
 @contextlib.contextmanager
