@@ -324,6 +324,21 @@ async def _started(emu: Emulator, coro: Any, tokens: int) -> asyncio.Task:
     return task
 
 
+def warm_shards(env: MilesEnv, args: Any) -> None:
+    """With shards, start both before a rollout whose timing a test depends on: a request handed
+    to a shard still starting reaches the server seconds later (after an ``abort_all`` sent
+    meanwhile, which it then never sees). Two calls at once, one per shard."""
+    if env.transport != SHARDS:
+        return
+    state = new_state(env, args)
+    params = {**state.sampling_params, "max_new_tokens": 2}
+
+    async def both() -> None:
+        await asyncio.gather(*(call(env, state, new_sample(env, 90 + i), params) for i in range(2)))
+
+    env.run(both())
+
+
 def abort_now(state: Any, rollout_id: int = 0) -> Any:
     """fastaccum's abort, as Miles' rollout class calls it when the rollout ends (nothing pending)."""
     return fm.abort(state, set(), rollout_id)
@@ -547,6 +562,7 @@ def scenario_miles_own_abort_keeps_prefix(env: MilesEnv, path: str) -> None:
             use_rollout_routing_replay=True,
         )
         wiring.plans.update({"s000a00": {"stop_at": 3}, "s001a01": {"stop_at": 4}})
+        warm_shards(env, args)
         source = sh.BufferedPrompts(env, args)
         own = "miles.rollout.inference_rollout.inference_rollout_common.InferenceRolloutFn"
         rollouts = Rollouts(
