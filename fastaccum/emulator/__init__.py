@@ -38,6 +38,11 @@ server's ``fault`` option, a dict ``{"kind": …, "at": event index (default 1),
   output, as under memory pressure); an ``/abort_request`` then ends it with the abort echo chunk
   holding every token decoded so far; without one, it stays silent for ``seconds`` (default 30)
 - ``strip_keys``: every event's ``meta_info`` lacks the listed ``keys``
+- ``pause``: once the request holds ``at`` tokens (0: before its first), the whole server pauses
+  in ``mode`` (SGLang ``abort``, ``retract``, ``in_place``; vLLM ``abort``, ``wait``, ``keep``,
+  with ``clear_cache``), as if the pause call came then
+- ``hold``: once the request holds ``at`` tokens it stops decoding until the next control call
+  (a pause, continue or resume, abort, weight or version update), which so lands exactly there
 
 Other servers (``dialect=``, docs/dialects.md; fastaccum.emulator._dialect_servers):
 
@@ -71,10 +76,47 @@ Other servers (``dialect=``, docs/dialects.md; fastaccum.emulator._dialect_serve
   ``cut``, ``http_500``, ``stall``, ``coalesce``, ``split`` as above.
 
 ``EmulatorStats.calls`` counts the requests each path received, served or not.
+
+Pauses and weight updates (docs/weight-updates.md; fastaccum.emulator._scheduler does them),
+also callable as ``Emulator.pause``, ``continue_``, ``update_weight_version`` and
+``update_weights_from_disk``:
+
+- SGLang: ``POST /pause_generation {"mode"}`` (``abort`` by default: each running request decodes
+  one more token and ends with its abort event, a queued one gets the echo, and the call returns
+  once every stream has ended; ``retract``: the step in flight is committed, then the request goes
+  back to the waiting queue, ``num_retractions`` + 1, and is prefilled again at continue;
+  ``in_place``: decoding stops, the step in flight is committed at continue),
+  ``/continue_generation``, ``/update_weight_version {"new_version", "abort_all_requests"}``
+  (aborts every request first unless told not to), ``/update_weights_from_disk {"model_path",
+  "weight_version", "flush_cache", "abort_all_requests"}`` (outside a pause it waits for every
+  request and holds new ones; a flush while requests hold their cache answers 400 with the weights
+  loaded all the same, the events keeping the old label and the finishing spans the new version).
+  A paused server holds new requests (a stream's headers go out, then nothing); an abort of a
+  retracted request is the echo at once, of an ``in_place`` one one step after continue. ``GET
+  /health`` waits ``health_check_timeout_s`` for any change in a pause and then answers 503, ``GET
+  /ready`` 503 at once.
+- vLLM (``vllm_server_dev_mode=True``, ``vllm_shape="0.32"``): ``POST /pause?mode=&clear_cache=``
+  (``abort``: an abort chunk now; ``wait``: returns once the running requests finished; ``keep``:
+  decoding stops, ``clear_cache`` preempts them), ``/resume``, ``GET /is_paused``, ``POST
+  /update_weight_version {"new_version"}`` (nothing aborted), ``GET /weight_info``; new requests
+  queue while paused.
+
+Weights are a model path: tokens and routed-expert rows computed under other weights than
+``model_path``'s are hashed with that path in the key (``Emulator.expected``'s ``token_weights``
+and ``row_weights``), so they differ deterministically and a greedy request under the new weights
+continues a stream that switched to them. Each token is labelled with the version in force when it
+is committed; one step is always in flight, so ``in_place`` and a version change while running
+label that step with the new version, as SGLang's overlap scheduler does. What the emulator
+simplifies: loading is instant and any path loads; after ``in_place`` with new weights the later
+tokens are the new weights' answer (the engine's stale cache gives neither answer); SGLang's
+watchdog, data parallelism, ``--max-queued-requests`` and retractions under memory pressure are not
+emulated (``num_retractions`` counts pauses only); ``/health`` counts any change of the scheduler's
+state as the scheduler's word; vLLM loads no weights (only its version changes), and its initial
+version is labelled only when ``weight_version`` is given.
 """
 
 from fastaccum.emulator._dialect_servers import VLLM_ID_PREFIX
-from fastaccum.emulator._requests import ABORT_REASON, FAULT_KEY, FAULT_KINDS, EmulatorStats
+from fastaccum.emulator._requests import ABORT_REASON, ECHO_REASON, FAULT_KEY, FAULT_KINDS, EmulatorStats
 from fastaccum.emulator._server import Emulator
 
-__all__ = ("Emulator", "EmulatorStats", "FAULT_KEY", "FAULT_KINDS", "ABORT_REASON", "VLLM_ID_PREFIX")
+__all__ = ("Emulator", "EmulatorStats", "FAULT_KEY", "FAULT_KINDS", "ABORT_REASON", "ECHO_REASON", "VLLM_ID_PREFIX")

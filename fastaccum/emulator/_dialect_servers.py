@@ -23,11 +23,13 @@ from fastaccum.emulator._requests import (
     EmulatorStats,
     Output,
     Request,
+    Schedule,
     StreamEnded,
     check_fault,
     drain,
     truncate,
 )
+from fastaccum.emulator._scheduler import PAUSE_MODES
 
 __all__ = (
     "DIALECTS",
@@ -52,8 +54,10 @@ DYNAMO_INTERNAL_ERROR = "Internal server error"
 # The faults each dialect's stream can show; the rest are another server's.
 _OWN_FAULTS = {
     "sglang": frozenset(FAULT_KINDS) - {"dynamo_error", "dynamo_killed", "dynamo_stopped", "vllm_error"},
-    "dynamo": frozenset(FAULT_KINDS) - {"vllm_error"},
-    "vllm": frozenset(("vllm_error", "malformed_json", "cut", "http_500", "stall", "coalesce", "split")),
+    "dynamo": frozenset(FAULT_KINDS) - {"vllm_error", "pause", "hold"},
+    "vllm": frozenset(
+        ("vllm_error", "malformed_json", "cut", "http_500", "stall", "coalesce", "split", "pause", "hold")
+    ),
 }
 
 
@@ -69,6 +73,9 @@ def check_dialect_fault(dialect: str, fault: dict[str, Any]) -> None:
     kind = fault.get("kind")
     if kind is not None and kind not in _OWN_FAULTS[dialect]:
         raise ValueError(f"fault kind {kind!r} is not one a {dialect} server produces")
+    if kind == "pause" and fault.get("mode", "abort") not in PAUSE_MODES[dialect]:
+        modes = ", ".join(map(repr, PAUSE_MODES[dialect]))
+        raise ValueError(f"a {dialect} server pauses in mode {modes}, not {fault.get('mode')!r}")
 
 
 def error_response(dialect: str, status: int, message: str) -> web.Response:
@@ -134,12 +141,14 @@ def vllm_chunk(req: Request, outs: list[Output], *, first: bool) -> dict[str, An
     the routed experts of every position forwarded so far."""
     assert isinstance(req, VllmRequest)
     opts, last, gen = req.vllm, outs[-1], req.gen
-    finish, stop_reason = None, None
+    finish, stop_reason, spans = None, None, None
     if last.terminal and last.reason is ABORT_REASON:
         finish = "abort"
         gen = truncate(gen, last.end, {"type": "abort"})
     elif last.terminal:
         finish, stop_reason = writer_vllm.finish_of(gen)
+    if last.terminal and req.versions:  # each token's step's version; a request of no tokens has []
+        spans = writer.weight_version_spans(gen, last.end) if last.end else []
     return writer_vllm.chunk(
         gen,
         outs[0].start,
@@ -150,6 +159,7 @@ def vllm_chunk(req: Request, outs: list[Output], *, first: bool) -> dict[str, An
         stop_reason=stop_reason,
         routed=opts.routed and last.terminal,
         sampling_mask=opts.mask,
+        weight_versions=spans,
     )
 
 
@@ -180,6 +190,8 @@ class Host(Protocol):
         routed_experts: bool = ...,
         routed_start: int = ...,
         first_position: int = ...,
+        token_weights: Schedule = ...,
+        row_weights: Schedule = ...,
     ) -> writer.Generation: ...
 
     def key_of(self, rid: str, prompt: list[int] | str) -> tuple[str, int]: ...
@@ -205,6 +217,7 @@ class VllmServer:
         app.router.add_post("/inference/v1/generate", self.generate)
         if self.host.vllm_shape == "0.32":
             app.router.add_post("/inference/v1/abort_requests", self.abort_by_id)
+        # The RL dev API's, served whatever vllm_server_dev_mode says: vime's workers call it.
         app.router.add_post("/abort_requests", self.abort_requests)
         app.router.add_get("/load", self.load)
         app.router.add_get("/health", self.health)
@@ -299,30 +312,42 @@ class VllmServer:
             )
         # Tokens are keyed by the id the client gave; the wire (and every abort) uses vLLM's own.
         key, first = host.key_of(base, ids)
-        gen = host.expected(
-            key,
-            max_tokens,
-            prompt_tokens=len(ids),
-            top_p=mask,
-            routed_experts=routed,
-            routed_start=start if routed else 0,
-            first_position=first,
-        )
         rid = VLLM_ID_PREFIX + base
         stops = set(params.get("stop_token_ids") or ())
-        hit = next((i for i, t in enumerate(gen.token_ids) if t in stops), None)
-        if hit is not None:
-            gen = truncate(gen, hit + 1, {"type": "stop", "matched": gen.token_ids[hit]})
-        else:
-            gen = dataclasses.replace(gen, finish_reason={"type": "length"})
-        gen = dataclasses.replace(gen, rid=rid)
+
+        def make(token_weights: Schedule = (), row_weights: Schedule = ()) -> writer.Generation:
+            gen = host.expected(
+                key,
+                max_tokens,
+                prompt_tokens=len(ids),
+                top_p=mask,
+                routed_experts=routed,
+                routed_start=start if routed else 0,
+                first_position=first,
+                token_weights=token_weights,
+                row_weights=row_weights,
+            )
+            hit = next((i for i, t in enumerate(gen.token_ids) if t in stops), None) if stops else None
+            if hit is not None:
+                gen = truncate(gen, hit + 1, {"type": "stop", "matched": gen.token_ids[hit]})
+            else:
+                gen = dataclasses.replace(gen, finish_reason={"type": "length"})
+            return dataclasses.replace(gen, rid=rid)
+
         streamed_mask = mask and host.vllm_shape == "0.32"
         usage = bool(options.get("include_usage"))
         vllm = VllmOptions(host.vllm_shape, logprobs is not None, routed, streamed_mask, usage)
         interval = max(1, int(params.get("stream_interval") or host.stream_interval))
         streams = bool(body.get("stream"))
         return VllmRequest(
-            rid=rid, gen=gen, opts=writer.WireOptions(), interval=interval, fault=fault, vllm=vllm, streams=streams
+            rid=rid,
+            gen=make(),
+            opts=writer.WireOptions(),
+            interval=interval,
+            fault=fault,
+            vllm=vllm,
+            streams=streams,
+            remake=make,
         )
 
     async def stream(self, request: web.Request, req: VllmRequest) -> web.StreamResponse:
@@ -375,7 +400,7 @@ class VllmServer:
             host.stats.written[req.rid] = sent
 
         try:
-            if req.state == "echo":  # aborted while queued: the abort ends it before any token
+            if req.state == "echo" and req.final is None:  # aborted while queued: before any token
                 await emit(0, vllm_chunk(req, [Output(0, 0, True, ABORT_REASON)], first=True))
             else:
                 await drain(req, emit, closing=host.is_closing, build=vllm_chunk)
@@ -404,7 +429,8 @@ class VllmServer:
         await req.admitted.wait()
         if self.host.is_closing():
             return error_response("vllm", 503, "emulator stopping")
-        last: list[Output] = [Output(0, 0, True, ABORT_REASON)] if req.state == "echo" else []
+        queued_abort = req.state == "echo" and req.final is None
+        last: list[Output] = [Output(0, 0, True, ABORT_REASON)] if queued_abort else []
 
         async def keep(index: int, chunk: dict[str, Any]) -> None:
             pass

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -24,17 +23,20 @@ from fastaccum.emulator._dialect_servers import (
     dynamo_rid,
     error_response,
 )
+from fastaccum.emulator._pause_server import PauseServer
 from fastaccum.emulator._requests import (
+    ECHO_REASON,
     FAULT_KEY,
     ConnectionCut,
     EmulatorStats,
     Request,
+    Schedule,
     StreamEnded,
-    decode,
     drain,
-    truncate,
+    sglang_request,
 )
-from fastaccum.emulator.writer import Generation, WireOptions
+from fastaccum.emulator._scheduler import Scheduler
+from fastaccum.emulator.writer import Generation
 
 __all__ = ("Emulator",)
 
@@ -56,6 +58,12 @@ class Emulator:
     vLLM's ``/inference/v1/generate`` in the chunk shape of ``vllm_shape`` (``"0.32"``, or ``"0.31"``
     for 0.24 to 0.31), where ``enable_return_routed_experts`` and ``return_sampling_mask`` are
     vLLM's flags of those names. fastaccum.emulator._dialect_servers serves what differs.
+
+    Pauses and weight updates (fastaccum.emulator describes them): ``model_path`` names the
+    weights it starts with, ``weight_version`` their version (SGLang's ``--weight-version``,
+    ``"default"``; vLLM: None stamps none until ``/update_weight_version``),
+    ``health_check_timeout_s`` how long SGLang's ``/health`` waits in a pause before its 503,
+    ``vllm_server_dev_mode`` mounts vLLM 0.32's RL pause endpoints (``VLLM_SERVER_DEV_MODE=1``).
     """
 
     def __init__(
@@ -84,6 +92,10 @@ class Emulator:
         vllm_shape: str = "0.32",
         return_sampling_mask: bool = False,
         greedy: bool = False,
+        model_path: str = "fastaccum/emulated",
+        weight_version: str | None = None,
+        health_check_timeout_s: float = 20.0,
+        vllm_server_dev_mode: bool = False,
     ) -> None:
         if version not in ("0.5.23", "0.5.15"):
             raise ValueError(f"version must be '0.5.23' or '0.5.15', not {version!r}")
@@ -112,16 +124,28 @@ class Emulator:
         # Token texts without U+2028/U+2029/U+0085, for clients that read lines with splitlines().
         self.text_pieces = writer.PLAIN_TEXT_PIECES if plain_text else writer.TEXT_PIECES
         self.stats = EmulatorStats()
-        self._running: set[Request] = set()
-        self._waiting: deque[Request] = deque()
+        self.model_path = model_path
+        self.health_check_timeout_s = health_check_timeout_s
+        self.vllm_server_dev_mode = vllm_server_dev_mode
+        self.scheduler = Scheduler(
+            dialect=dialect,
+            stats=self.stats,
+            token_rate=self.token_rate,
+            max_running_requests=self.max_running_requests,
+            model_path=model_path,
+            weight_version=weight_version,
+        )
+        self.scheduler.admit = self._admit
         self._runner: web.AppRunner | None = None
-        self._closing = False
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def make_app(self) -> web.Application:
         app = web.Application(client_max_size=1 << 30, middlewares=[self._count_call])
+        pauses = PauseServer(self.scheduler, health_check_timeout_s=self.health_check_timeout_s)
         if self.dialect == "vllm":
             VllmServer(self).add_routes(app)
+            if self.vllm_server_dev_mode and self.vllm_shape == "0.32":
+                pauses.add_vllm_routes(app)
             return app
         app.router.add_post("/generate", self._generate)
         if self.dialect == "sglang":  # Dynamo's frontend serves /generate and no abort (the disconnect is)
@@ -129,7 +153,9 @@ class Emulator:
             app.router.add_get("/server_info", self._server_info)
             app.router.add_get("/get_server_info", self._server_info)
             app.router.add_get("/v1/loads", self._loads)
-        app.router.add_get("/health", self._health)
+            pauses.add_sglang_routes(app)
+        else:
+            app.router.add_get("/health", self._health)
         return app
 
     @web.middleware
@@ -150,12 +176,7 @@ class Emulator:
         return self.url
 
     async def stop(self) -> None:
-        self._closing = True
-        for req in [*self._running, *self._waiting]:
-            if req.decoder is not None:
-                req.decoder.cancel()
-            req.admitted.set()
-            req.wake.set()
+        self.scheduler.stop()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -167,7 +188,7 @@ class Emulator:
         await self.stop()
 
     def is_closing(self) -> bool:
-        return self._closing
+        return self.scheduler.closing
 
     @property
     def url(self) -> str:
@@ -175,16 +196,82 @@ class Emulator:
 
     @property
     def running(self) -> int:
-        return len(self._running)
+        return len(self.scheduler.running)
 
     @property
     def retracted(self) -> int:
-        """Requests stopped by the ``retract`` fault and waiting for an abort."""
-        return sum(1 for r in self._running if r.state == "retracted")
+        """Requests stopped by the ``retract`` fault and waiting for an abort, and requests a
+        retract pause put back in the waiting queue."""
+        s = self.scheduler
+        return sum(1 for r in s.running if r.state == "retracted") + sum(1 for r in s.waiting if r.retractions)
 
     @property
     def queued(self) -> int:
-        return len(self._waiting)
+        return len(self.scheduler.waiting)
+
+    @property
+    def paused(self) -> str | None:
+        """The mode of the pause in force (SGLang's or vLLM's), or None."""
+        return self.scheduler.pause_mode
+
+    @property
+    def weight_version(self) -> str:
+        """The scheduler's weight version (vLLM: the engine's); SGLang's events may still carry
+        the tokenizer's, ``scheduler.label``, after an update whose cache flush failed."""
+        return self.scheduler.version
+
+    @property
+    def weights(self) -> str:
+        """The model path whose weights are in force."""
+        return self.scheduler.weights or self.model_path
+
+    # ---- the scheduler's state under the names subclasses use (benchmarks/abort_fanout.py) --------
+    @property
+    def _running(self) -> set[Request]:
+        return self.scheduler.running
+
+    @property
+    def _waiting(self) -> deque[Request]:
+        return self.scheduler.waiting
+
+    @property
+    def _closing(self) -> bool:
+        return self.scheduler.closing
+
+    def _admit(self) -> None:
+        self.scheduler.admit_waiting()
+
+    def _count(self, req: Request, k: int) -> None:
+        self.scheduler.count(req, k)
+
+    # ---- pauses and weights, as the endpoints do them ----------------------------------------
+    async def pause(self, mode: str = "abort", *, clear_cache: bool = True) -> None:
+        """``/pause_generation`` (SGLang: abort, retract, in_place) or vLLM's ``/pause`` (abort,
+        wait, keep, with ``clear_cache``); returns when the endpoint's call would."""
+        await self.scheduler.pause(mode, clear_cache=clear_cache)
+
+    def continue_(self) -> None:
+        """``/continue_generation`` (vLLM: ``/resume``)."""
+        self.scheduler.resume()
+
+    async def update_weight_version(self, new_version: str, *, abort_all_requests: bool = True) -> None:
+        """``/update_weight_version`` (vLLM's aborts nothing)."""
+        await self.scheduler.update_weight_version(new_version, abort_all=abort_all_requests)
+
+    async def update_weights_from_disk(
+        self,
+        model_path: str,
+        *,
+        weight_version: str | None = None,
+        flush_cache: bool = True,
+        abort_all_requests: bool = False,
+    ) -> tuple[bool, str]:
+        """SGLang's ``/update_weights_from_disk``: (success, message) as it answers them."""
+        if self.dialect == "vllm":
+            raise ValueError("vLLM loads weights through its weight-transfer engine, which is not emulated")
+        return await self.scheduler.update_weights_from_disk(
+            model_path, weight_version=weight_version, flush_cache=flush_cache, abort_all=abort_all_requests
+        )
 
     # ---- truth ---------------------------------------------------------------------------------
     def expected(
@@ -199,13 +286,18 @@ class Emulator:
         routed_start: int = 0,
         indexer_topk: bool = False,
         first_position: int = 0,
+        token_weights: Schedule = (),
+        row_weights: Schedule = (),
     ) -> Generation:
         """The first ``n`` tokens this server generates for ``rid`` (a pure function of seed, rid, position).
 
         ``prompt_tokens`` only shapes the replay rows (routed experts from ``routed_start`` on,
         indexer top-k): pass ``len(input_ids)`` (or ``prompt_tokens_of(text)``). ``finish_reason``
-        defaults to ``length``. A greedy server's truth is ``expected(*emulator.key_of(prompt), n,
-        ...)``.
+        defaults to ``length``. A greedy server's truth is ``expected(key, n, first_position=first,
+        ...)`` with ``key, first = emulator.key_of(rid, prompt)``. ``token_weights`` and
+        ``row_weights``: which weights (model paths) computed which tokens (from an output index
+        on) and which replay rows (from a sequence position on), as after a weight update;
+        ``model_path`` is the weights the server started with.
         """
         if finish_reason is None:
             finish_reason = {"type": "length", "length": n}
@@ -222,7 +314,12 @@ class Emulator:
             indexer_shape=self.indexer_shape if indexer_topk else None,
             text_pieces=self.text_pieces,
             first_position=first_position,
+            token_weights=tuple((first, self._tag(path)) for first, path in token_weights),
+            row_weights=tuple((first, self._tag(path)) for first, path in row_weights),
         )
+
+    def _tag(self, model_path: str) -> str:
+        return "" if model_path == self.model_path else model_path
 
     def key_of(self, rid: str, prompt: list[int] | str) -> tuple[str, int]:
         """What a request's tokens are a function of, with where its first token falls: its rid
@@ -284,26 +381,13 @@ class Emulator:
         rid, abort_all = body.get("rid") or "", bool(body.get("abort_all"))
         # SGLang's tokenizer manager passes an abort on only for a rid it holds (exactly); its
         # scheduler then matches by prefix (abort() below). Either way the answer is 200 at once.
-        if abort_all or any(r.rid == rid for r in [*self._running, *self._waiting]):
+        if abort_all or self.scheduler.holds(rid):
             self.abort(rid, abort_all=abort_all)
         return web.Response(status=200)
 
     def abort(self, rid: str = "", *, abort_all: bool = False) -> int:
-        """What ``/abort_request`` does; rids match by prefix, as SGLang's scheduler does
-        (docs/wire-format.md, "Aborts"). vLLM's request ids match exactly (its ``/abort_requests``)."""
-        exact = self.dialect == "vllm"
-        held = [*self._running, *self._waiting]
-        hits = [r for r in held if abort_all or (r.rid == rid if exact else r.rid.startswith(rid))]
-        for req in hits:
-            if req.abort_requested:
-                continue
-            req.abort_requested = True
-            self.stats.aborted += 1
-            if req.state == "queued":
-                self._waiting.remove(req)
-                req.state = "echo"
-                req.admitted.set()
-        return len(hits)
+        """What ``/abort_request`` does (fastaccum.emulator._scheduler.Scheduler.abort)."""
+        return self.scheduler.abort(rid, abort_all=abort_all)
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -334,7 +418,7 @@ class Emulator:
             }
             return web.Response(status=500, body=orjson.dumps(body500), content_type="application/json")
         # Dynamo submits its own internal rid to SGLang: a repeated public id is no duplicate there.
-        if not dynamo and any(r.rid == req.rid for r in [*self._running, *self._waiting]):
+        if not dynamo and self.scheduler.holds(req.rid):
             duplicate = writer.error_event(f"Duplicate request ID: {req.rid}")
             if not body.get("stream"):
                 return web.Response(status=400, body=orjson.dumps(duplicate), content_type="application/json")
@@ -351,16 +435,14 @@ class Emulator:
         """Queue the request, answer it with ``respond()``, and release it however that ends.
         With ``is_closing`` and ``note_disconnect``, what the other dialects' servers call (the
         ``Host`` protocol in fastaccum.emulator._dialect_servers)."""
-        self.stats.requests += 1
-        self._waiting.append(req)
-        self._admit()
+        self.scheduler.enqueue(req)
         try:
             return await respond()
         except asyncio.CancelledError:
             self.note_disconnect(req)
             raise
         finally:
-            self._release(req)
+            self.scheduler.release(req)
 
     def note_disconnect(self, req: Request) -> None:
         if req.state != "done":
@@ -370,87 +452,7 @@ class Emulator:
 
     # ---- requests ------------------------------------------------------------------------------
     def _make_request(self, body: dict[str, Any], fault: dict[str, Any]) -> Request:
-        params = body.get("sampling_params") or {}
-        if "input_ids" in body:
-            ids = body["input_ids"]
-            if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
-                raise ValueError("input_ids must be a list of ints (batches are not emulated)")
-            prompt_tokens = len(ids)
-        elif isinstance(body.get("text"), str):
-            if self.skip_tokenizer_init:
-                raise ValueError("text input needs a tokenizer; the server runs with --skip-tokenizer-init")
-            prompt_tokens = self.prompt_tokens_of(body["text"])
-        else:
-            raise ValueError("Either text or input_ids should be provided (batches are not emulated)")
-        if prompt_tokens < 1:
-            raise ValueError("the prompt is empty")
-        rid = body.get("rid") or uuid.uuid4().hex
-        if not isinstance(rid, str):
-            raise ValueError("rid must be a string (batches are not emulated)")
-        max_new = int(params.get("max_new_tokens", 128))
-        custom = params.get("custom_params") or {}
-        return_logprob = bool(body.get("return_logprob", False))
-        top_p = bool(custom.get("return_top_p_token_ids")) and return_logprob
-        asked = bool(body.get("return_routed_experts"))
-        routed = asked and self.enable_return_routed_experts
-        start = body.get("routed_experts_start_len") or 0
-        # The scheduler checks the start whenever routed experts are asked for, flag or not.
-        if asked and (type(start) is not int or not 0 <= start <= prompt_tokens):
-            raise ValueError(f"routed_experts_start_len must be in [0, {prompt_tokens}], not {start!r}")
-        indexer = bool(body.get("return_indexer_topk")) and self.enable_return_indexer_topk
-        key, first = self.key_of(rid, ids if "input_ids" in body else body["text"])
-        gen = self.expected(
-            key,
-            max_new,
-            prompt_tokens=prompt_tokens,
-            top_p=top_p,
-            routed_experts=routed,
-            routed_start=start if routed else 0,
-            indexer_topk=indexer,
-            first_position=first,
-        )
-        gen = dataclasses.replace(gen, rid=rid) if key != rid else gen
-        stops = set(params.get("stop_token_ids") or ())
-        if stops:
-            hit = next((i for i, t in enumerate(gen.token_ids) if t in stops), None)
-            if hit is not None:
-                gen = truncate(gen, hit + 1, {"type": "stop", "matched": gen.token_ids[hit]})
-        opts = WireOptions(
-            incremental=self.incremental_streaming_output,
-            return_logprob=return_logprob,
-            logprob_text=bool(body.get("return_text_in_logprobs", False)),
-            skip_tokenizer_init=self.skip_tokenizer_init,
-            version=self.version,
-            indexer_topk_num_layers=self.indexer_topk_num_layers,
-        )
-        interval = int(params.get("stream_interval") or self.stream_interval)
-        streams = bool(body.get("stream"))
-        return Request(rid=rid, gen=gen, opts=opts, interval=max(1, interval), fault=fault, streams=streams)
-
-    def _admit(self) -> None:
-        while self._waiting and len(self._running) < self.max_running_requests and not self._closing:
-            req = self._waiting.popleft()
-            req.state = "running"
-            self._running.add(req)
-            # vLLM applies an abort between steps, SGLang after one more token.
-            step = 0 if self.dialect == "vllm" else 1
-            req.decoder = asyncio.get_running_loop().create_task(
-                decode(req, token_rate=self.token_rate, count=self._count, abort_step=step)
-            )
-            req.admitted.set()
-
-    def _release(self, req: Request) -> None:
-        if req.decoder is not None and not req.decoder.done():
-            # A client that left stops its generation (docs/wire-format.md, "Aborts"; 0.5.23).
-            req.decoder.cancel()
-        self._running.discard(req)
-        if req in self._waiting:
-            self._waiting.remove(req)
-        self._admit()
-
-    def _count(self, req: Request, k: int) -> None:
-        self.stats.tokens += k - req.produced
-        req.produced = k
+        return sglang_request(self, body, fault)
 
     async def _stream(self, request: web.Request, req: Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers=_SSE_HEADERS)
@@ -466,7 +468,7 @@ class Emulator:
 
     async def _stream_body(self, request: web.Request, req: Request, resp: web.StreamResponse) -> web.StreamResponse:
         await req.admitted.wait()
-        if self._closing:
+        if self.is_closing():
             return resp  # an unfinished body: the client sees a truncated stream
         fault = req.fault
         kind, at = fault.get("kind"), fault.get("at", 1)
@@ -480,7 +482,7 @@ class Emulator:
                 await resp.write(data[pos : pos + split])
 
         # Aborted while queued: SGLang's echo chunk (docs/wire-format.md, "The abort echo").
-        if req.state == "echo":
+        if req.state == "echo" and req.final is None:
             await write(writer.sse(writer.echo_event(req.gen, req.opts, 0, first=True)) + writer.DONE)
             req.state = "done"
             return resp
@@ -541,8 +543,9 @@ class Emulator:
 
     async def _retract(self, req: Request, write: Callable[[bytes], Awaitable[None]], seconds: float) -> None:
         """Stop decoding and keep the output; an abort ends the stream with the echo chunk."""
-        if req.decoder is not None:
-            req.decoder.cancel()
+        task, req.decoder = req.decoder, None
+        if task is not None:
+            task.cancel()
         req.state = "retracted"
         deadline = asyncio.get_running_loop().time() + seconds
         while not req.abort_requested and asyncio.get_running_loop().time() < deadline:
@@ -554,10 +557,10 @@ class Emulator:
 
     async def _non_stream(self, req: Request) -> web.Response:
         await req.admitted.wait()
-        if self._closing:
+        if self.is_closing():
             return _json_error(503, "emulator stopping")
         cumulative = dataclasses.replace(req.opts, incremental=False)
-        if req.state == "echo":
+        if req.state == "echo" and req.final is None:  # aborted while queued: before any token
             final = writer.echo_event(req.gen, cumulative, 0)
         else:
 
@@ -571,9 +574,12 @@ class Emulator:
             except StreamEnded:
                 return _json_error(503, "emulator stopping")
             assert req.final is not None
-            final = writer.normal_event(
-                req.gen, cumulative, 0, req.final.end, terminal=True, finish_reason=req.final.reason, first=True
-            )
+            if req.final.reason is ECHO_REASON:  # aborted while retracted
+                final = writer.echo_event(req.gen, cumulative, req.final.end)
+            else:
+                final = writer.normal_event(
+                    req.gen, cumulative, 0, req.final.end, terminal=True, finish_reason=req.final.reason, first=True
+                )
         req.state = "done"
         self.stats.completed += 1
         return web.Response(body=orjson.dumps(final), content_type="application/json")

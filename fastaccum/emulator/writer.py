@@ -28,6 +28,7 @@ __all__ = (
     "normal_event",
     "echo_event",
     "error_event",
+    "weight_version_spans",
     "coalesce",
     "encode_int32",
     "sse",
@@ -89,7 +90,17 @@ class Generation:
     routed_experts: npt.NDArray[np.int32] | None = None  # (prompt + n - 1 - routed_start, layers, topk)
     indexer_topk: npt.NDArray[np.int32] | None = None  # (prompt + n - 1, indexer layers, index_topk)
     routed_start: int = 0  # the request's routed_experts_start_len
+    # The label every event carries (SGLang's tokenizer-side weight_version).
     weight_version: str = "default"
+    # The engine's record: (first token, version) per change, each token under the version in
+    # force when it was committed; the finishing event's spans. Empty: every token under
+    # weight_version.
+    weight_versions: tuple[tuple[int, str], ...] = ()
+    num_retractions: int = 0
+    # Which weights computed what: (first output index, weights) for the tokens and (first
+    # sequence position, weights) for the replay rows, prompt included; "" is the base weights.
+    token_weights: tuple[tuple[int, str], ...] = ()
+    row_weights: tuple[tuple[int, str], ...] = ()
 
     def replay_rows(self, end: int, *, start: int = 0) -> int:
         """Rows of a replay array once ``end`` tokens are out: a row per position but the last."""
@@ -127,8 +138,8 @@ def _hash_u64(seed: int, rid: str, salt: int, positions: npt.NDArray[np.uint64])
 _HASH_BLOCK = 1 << 16  # positions hashed at a time: the temporaries stay in the CPU's cache
 
 
-def _hashed_mod(seed: int, rid: str, salt: int, count: int, modulo: int) -> npt.NDArray[np.int32]:
-    """``_hash_u64`` of positions ``0 .. count - 1`` modulo ``modulo``, as int32: the same values,
+def _hashed_mod(seed: int, rid: str, salt: int, count: int, modulo: int, first: int = 0) -> npt.NDArray[np.int32]:
+    """``_hash_u64`` of positions ``first .. first + count - 1`` modulo ``modulo``, as int32: the same values,
     computed a cache-sized block at a time in place (a 32k-token answer's routed experts are 12
     million of them; whole-array temporaries took ten times as long)."""
     digest = hashlib.blake2b(f"{seed}/{rid}/{salt}".encode(), digest_size=8).digest()
@@ -140,7 +151,7 @@ def _hashed_mod(seed: int, rid: str, salt: int, count: int, modulo: int) -> npt.
         for start in range(0, count, _HASH_BLOCK):
             m = min(_HASH_BLOCK, count - start)
             zz, tt = z[:m], t[:m]
-            zz[:] = np.arange(start, start + m, dtype=np.uint64)
+            zz[:] = np.arange(first + start, first + start + m, dtype=np.uint64)
             np.multiply(zz, np.uint64(0x9E3779B97F4A7C15), out=zz)
             np.add(zz, offset, out=zz)
             for shift, factor in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
@@ -219,16 +230,32 @@ def synthetic_generation(
     null_logprob_every: int = 0,
     text_pieces: Sequence[str] = TEXT_PIECES,
     first_position: int = 0,
+    token_weights: Sequence[tuple[int, str]] = (),
+    row_weights: Sequence[tuple[int, str]] = (),
 ) -> Generation:
     """A deterministic generation of ``n`` tokens for ``rid``; token i never depends on ``n``.
     Tokens, log-probs, texts and top-p rows are computed on first read, a block at a time.
     ``first_position``: where token 0 falls in the hashed sequence; the emulator's greedy mode
     passes the prompt's length, so that a request for prompt + k tokens continues the first one
-    (the replay rows are hashed by position in the sequence, prompt included, whatever it is)."""
+    (the replay rows are hashed by position in the sequence, prompt included, whatever it is).
+
+    ``token_weights`` and ``row_weights`` say which weights computed what: ``(first output index,
+    weights)`` and ``(first sequence position, weights)`` per change, ``""`` the base weights
+    (before a schedule's first entry too). A value under other weights is hashed with the key
+    ``weights_key(rid, weights)``, so it is the same whichever request asks for that position
+    under those weights: a greedy request for prompt + k tokens under new weights continues one
+    that switched to them at token k."""
+
+    def hashed(salt: int, start: int, stop: int) -> npt.NDArray[np.uint64]:
+        at = first_position
+        parts = [
+            _hash_u64(seed, weights_key(rid, w), salt, np.arange(at + a, at + b, dtype=np.uint64))
+            for a, b, w in _runs(start, stop, token_weights)
+        ]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def block(start: int, stop: int) -> tuple[list[Any], ...]:
-        pos = np.arange(first_position + start, first_position + stop, dtype=np.uint64)
-        h = _hash_u64(seed, rid, 1, pos)
+        h = hashed(1, start, stop)
         ids = (h % np.uint64(vocab)).astype(np.int64)
         # float32 logprobs widened to double, as SGLang's .tolist() does: 17-digit reprs, e-notation.
         scale = ((h >> np.uint64(20)) % np.uint64(1_000_000)).astype(np.float64) / 1e6
@@ -241,7 +268,7 @@ def synthetic_generation(
         texts = [text_pieces[int(t) % len(text_pieces)] for t in ids]
         rows = []
         if top_p:
-            h2 = _hash_u64(seed, rid, 2, pos)
+            h2 = hashed(2, start, stop)
             for i in range(stop - start):
                 width = int(h2[i] % np.uint64(4))
                 extra = [int((h2[i] >> np.uint64(8 + 12 * j)) % np.uint64(vocab)) for j in range(width)]
@@ -250,16 +277,27 @@ def synthetic_generation(
 
     blocks: dict[int, tuple[list[Any], ...]] = {}
     token_ids, logprobs, texts, rows = (_Positions(n, blocks, block, column) for column in range(4))
+    count = max(prompt_tokens + n - 1, 0)  # replay rows: a row per position but the last
     routed = None
     if expert_shape is not None:
         layers, topk = expert_shape
-        count = max(prompt_tokens + n - 1, 0) * layers * topk
-        routed = _hashed_mod(seed, rid, 3, count, num_experts).reshape(-1, layers, topk)[routed_start:]
+        per = layers * topk
+        parts = [
+            _hashed_mod(seed, weights_key(rid, w), 3, (b - a) * per, num_experts, first=a * per)
+            for a, b, w in _runs(routed_start, count, row_weights)
+        ]
+        routed = _joined(parts, np.int32).reshape(-1, layers, topk)
     indexer = None
     if indexer_shape is not None:
         layers, topk = indexer_shape
-        count = max(prompt_tokens + n - 1, 0)
-        h4 = _hash_u64(seed, rid, 4, np.arange(count * layers * topk, dtype=np.uint64)).reshape(count, layers, topk)
+        per = layers * topk
+        h4 = _joined(
+            [
+                _hash_u64(seed, weights_key(rid, w), 4, np.arange(a * per, b * per, dtype=np.uint64))
+                for a, b, w in _runs(0, count, row_weights)
+            ],
+            np.uint64,
+        ).reshape(count, layers, topk)
         # KV positions the row's token attends to: 0 .. its own position.
         positions = np.arange(1, count + 1, dtype=np.uint64).reshape(count, 1, 1)
         indexer = (h4 % positions).astype(np.int32)
@@ -276,7 +314,32 @@ def synthetic_generation(
         routed_experts=routed,
         indexer_topk=indexer,
         routed_start=routed_start,
+        token_weights=tuple(token_weights),
+        row_weights=tuple(row_weights),
     )
+
+
+def weights_key(rid: str, weights: str) -> str:
+    """The key ``rid``'s values are hashed with under ``weights`` (``""``: the base weights, the
+    rid alone, so a generation without a schedule is what it always was)."""
+    return f"{rid}@{weights}" if weights else rid
+
+
+def _runs(start: int, stop: int, schedule: Sequence[tuple[int, str]]) -> Iterator[tuple[int, int, str]]:
+    """``[start, stop)`` cut where ``schedule`` ((first index, weights) per change) changes weights."""
+    if not schedule or schedule[0][0] > 0:
+        schedule = ((0, ""), *schedule)
+    for i, (first, weights) in enumerate(schedule):
+        end = schedule[i + 1][0] if i + 1 < len(schedule) else stop
+        lo, hi = max(start, first), min(stop, end)
+        if lo < hi:
+            yield lo, hi, weights
+
+
+def _joined(parts: list[npt.NDArray[Any]], dtype: Any) -> npt.NDArray[Any]:
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
 
 
 def emission_points(n: int, interval: int, version: str = "0.5.23") -> list[int]:
@@ -339,7 +402,7 @@ def normal_event(
         "finish_reason": reason,
         "prompt_tokens": gen.prompt_tokens,
         "weight_version": gen.weight_version,
-        "num_retractions": 0,
+        "num_retractions": gen.num_retractions,
     }
     if opts.return_logprob:
         meta["input_token_logprobs"] = []
@@ -351,7 +414,9 @@ def normal_event(
     meta["completion_tokens"] = end
     meta["cached_tokens"] = 0
     if terminal and opts.version != "0.5.15":
-        meta["weight_versions"] = [{"version": gen.weight_version, "start": 0, "end": end}]
+        # SGLang's tokenizer overwrites the event's label with its record's last version.
+        meta["weight_versions"] = weight_version_spans(gen, end)
+        meta["weight_version"] = meta["weight_versions"][-1]["version"]
     meta["cached_tokens_details"] = None
     if terminal and gen.routed_experts is not None:
         rows = gen.replay_rows(end, start=gen.routed_start) if routed_rows is None else routed_rows
@@ -396,7 +461,8 @@ def echo_event(
         "e2e_latency": 3.5171,
     }
     if opts.version != "0.5.15":
-        meta["weight_versions"] = [{"version": gen.weight_version, "start": 0, "end": held}]
+        meta["weight_versions"] = weight_version_spans(gen, held)
+        meta["weight_version"] = meta["weight_versions"][-1]["version"]
     if opts.return_logprob:
         meta["input_token_logprobs"] = []
         meta["output_token_logprobs"] = _logprob_triples(gen, opts, 0, held)
@@ -408,6 +474,24 @@ def echo_event(
         meta["response_sent_to_client_ts"] = 1767225600.0433
     out["meta_info"] = meta
     return out
+
+
+def weight_version_spans(gen: Generation, end: int) -> list[dict[str, Any]]:
+    """The finishing event's ``weight_versions`` for the first ``end`` tokens: ``gen``'s record
+    (every token under ``gen.weight_version`` without one) as spans, end exclusive, adjacent
+    equal versions merged, clamped to ``end``; a span that would start at or past ``end`` is left
+    out unless it is the first (SGLang writes ``{"start": 0, "end": 0}`` for no tokens)."""
+    record = gen.weight_versions or ((0, gen.weight_version),)
+    spans: list[dict[str, Any]] = []
+    for i, (start, version) in enumerate(record):
+        stop = min(record[i + 1][0] if i + 1 < len(record) else end, end)
+        if spans and (start >= end or stop <= spans[-1]["end"]):
+            continue
+        if spans and spans[-1]["version"] == version:
+            spans[-1]["end"] = stop
+        else:
+            spans.append({"version": version, "start": spans[-1]["end"] if spans else 0, "end": max(stop, 0)})
+    return spans
 
 
 def error_event(message: str, code: int = 400) -> dict[str, Any]:
