@@ -266,12 +266,15 @@ def test_a_failed_flush_leaves_the_events_label_old_and_the_record_new(twin: Mod
 # ---- SGLang: abort ------------------------------------------------------------------------------
 
 
-def test_an_abort_pause_ends_each_stream_one_token_later_and_echoes_the_queued_ones(transport: Transport) -> None:
+@POINTS
+def test_an_abort_pause_ends_each_stream_one_token_later_and_echoes_the_queued_ones(
+    transport: Transport, at: int
+) -> None:
     emulator = greedy(max_running_requests=2)
 
     async def main() -> list[StreamResult]:
         async with emulator as url, transport.open(url) as make:
-            pausing = make(sglang("r-1", 200, fault={"kind": "pause", "at": 6, "mode": "abort"}), expert_shape=SHAPE)
+            pausing = make(sglang("r-1", fault={"kind": "pause", "at": at, "mode": "abort"}), expert_shape=SHAPE)
             tasks = [asyncio.ensure_future(s.run()) for s in (make(sglang("r-0", 200), expert_shape=SHAPE), pausing)]
             tasks.append(asyncio.ensure_future(make(sglang("r-2", 200), expert_shape=SHAPE).run()))
             return list(await asyncio.gather(*tasks))
@@ -281,7 +284,8 @@ def test_an_abort_pause_ends_each_stream_one_token_later_and_echoes_the_queued_o
         assert not result.aborted and result.finish_reason == ABORT_REASON
         assert_is(result, truth(emulator, len(result)))  # every routed-expert row it holds
         assert result.weight_version_spans == ((0, len(result), "default"),)
-    assert len(paused) == 7  # paused when it held 6: one more step, then the abort
+    # One more step after the pause, then the abort: the abort ends it even at its last token.
+    assert len(paused) == at + 1
     assert not queued.aborted and queued.finish_reason == ECHO_REASON and len(queued) == 0
     assert emulator.paused == "abort" and emulator.stats.aborted == 3
 
@@ -536,15 +540,16 @@ def test_a_vllm_wait_pause_returns_once_the_running_requests_finished(twin: Modu
     assert_is(later, truth(emulator, N))
 
 
+@POINTS
 @pytest.mark.parametrize("clear_cache", [True, False], ids=["preempted", "frozen"])
 def test_a_vllm_keep_pause_freezes_streams_and_a_new_version_labels_the_rest(
-    transport: Transport, clear_cache: bool
+    transport: Transport, clear_cache: bool, at: int
 ) -> None:
     emulator = vllm_emulator()
 
     async def main() -> StreamResult:
         async with emulator as url, transport.open(url) as make, aiohttp.ClientSession() as http:
-            fault = {"kind": "pause", "at": 10, "mode": "keep", "clear_cache": clear_cache}
+            fault = {"kind": "pause", "at": at, "mode": "keep", "clear_cache": clear_cache}
             task = asyncio.ensure_future(
                 make(vllm("v-1", fault=fault), path=VLLM_PATH, dialect="vllm", expert_shape=SHAPE).run()
             )
@@ -557,7 +562,8 @@ def test_a_vllm_keep_pause_freezes_streams_and_a_new_version_labels_the_rest(
             return await task
 
     result = run(main())
-    assert result.finished and result.weight_version_spans == ((0, 10, "default"), (10, N, "v2"))
+    old = ((0, at, "default"),) if at else ()  # no token under the old version: all under the new
+    assert result.finished and result.weight_version_spans == (*old, (at, N, "v2"))
     assert_is(result, truth(emulator, N))  # the same weights: the uninterrupted answer, every row
 
 
