@@ -642,6 +642,51 @@ def scenario_server_abort_commits_terminal(env: SlimeEnv, incremental: bool) -> 
         assert queued.status == env.Sample.Status.ABORTED and queued.response_length == 0
 
 
+def scenario_weight_update_pause(env: SlimeEnv, pause_mode: str, incremental: bool) -> None:
+    """SGLang paused mid-answer for a weight update, as a trainer pauses it. retract and in_place
+    are invisible to the sample but in its versions: the answer is whole and records the version
+    before the pause and the one set during it, in order. An abort pause ends the stream with
+    SGLang's abort event: the sample is ABORTED with its prefix and the routing of every kept
+    position, never an exception."""
+    with (
+        emulator_thread(
+            incremental_streaming_output=incremental, token_rate=400, enable_return_routed_experts=True
+        ) as emu,
+        wired(env, emu),
+    ):
+        args = make_args(env, emu, use_rollout_routing_replay=True, rollout_max_response_len=60)
+        sample = new_sample(env, 0)
+
+        async def main() -> None:
+            call = await _start_and_wait(emu, fs.generate(args, sample, sampling_params(env, args)), 5)
+            async with aiohttp.ClientSession() as session:
+                # SGLang answers an abort pause once every stream ended, the others at once.
+                async with session.post(emu.url + "/pause_generation", json={"mode": pause_mode}) as reply:
+                    assert reply.status == 200
+                if pause_mode != "abort":
+                    version = {"new_version": "v2", "abort_all_requests": False}
+                    async with session.post(emu.url + "/update_weight_version", json=version) as reply:
+                        assert reply.status == 200
+                    assert not call.done()
+                async with session.post(emu.url + "/continue_generation", json={}) as reply:
+                    assert reply.status == 200
+            await call
+
+        env.run(main())
+        n = sample.response_length
+        assert_call(sample, emu, "s000a00", 0, n, len(prompt_ids()))
+        experts = sample.rollout_routed_experts
+        assert tuple(experts.shape) == (len(sample.tokens) - 1, *emu.expert_shape)
+        gen = expected(emu, "s000a00", n, routed_experts=True)
+        assert np.array_equal(experts.numpy(), gen.routed_experts)
+        if pause_mode == "abort":
+            assert sample.status == env.Sample.Status.ABORTED and 5 <= n < 60
+            assert sample.weight_versions == ["default"]
+        else:
+            assert sample.status == env.Sample.Status.TRUNCATED and n == 60
+            assert sample.weight_versions == ["default", "v2"]
+
+
 def scenario_errors_fail_closed(env: SlimeEnv) -> None:
     faults = [
         ({"kind": "error_event", "at": 2, "message": "boom"}, ServerError),
@@ -1373,6 +1418,11 @@ SCENARIOS: list[tuple[str, Any, list[dict[str, Any]]]] = [
         "server_abort_commits_terminal",
         scenario_server_abort_commits_terminal,
         [{"incremental": False}, {"incremental": True}],
+    ),
+    (
+        "weight_update_pause",
+        scenario_weight_update_pause,
+        [{"pause_mode": m, "incremental": inc} for m in ("abort", "retract", "in_place") for inc in (False, True)],
     ),
     ("errors_fail_closed", scenario_errors_fail_closed, [{}]),
     ("register_then_check", scenario_register_then_check, [{}]),
