@@ -1,0 +1,240 @@
+"""Miles' real rollout (its rollout class, data source, abort, buffer and resume) with
+fastaccum.miles against the live SGLang 0.5.23 server, incremental mode, routing replay on.
+
+One rollout of two groups of two samples through ``fastaccum.miles.InferenceRolloutFn``: the group
+whose greedy answer meets the stop token finishes, which ends the rollout; its abort drains the
+other group's streams by rid (each sample keeps its prefix and, from the terminal abort event, the
+routed experts of every kept position) and buffers the group; the next rollout resumes it to the
+end. Every sample is held to the server's own non-streaming answer for the same prompt and the
+sampling parameters Miles sends: tokens, log-probs and routed experts exactly (why exactly, and why
+the resume must reuse the drained request's KV: tests/live/test_slime_loop.py). Then Miles' weight
+update (``--pause-generation-mode`` retract, its default, and in_place) in the middle of a rollout.
+It runs on the Miles double (tests/miles_double) and, with ``FASTACCUM_MILES_PATH``, on real Miles
+checkouts (tests/test_miles_real.py says how).
+
+The router, the server's answers and the tokenizer are the slime loop's (tests/live/test_slime_loop.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import framework_harness
+import numpy as np
+import pytest
+from live_helpers import ModelTokenizer, engines, post_raw
+from test_slime_loop import (
+    EXPERTS,
+    LONG,
+    MAX,
+    SHORT,
+    PassThroughRouter,
+    Prompts,
+    answer,
+    experts_of,
+    idle,
+    logprobs_of,
+    model_tokenizer,
+    stop_token,
+    wait_idle,
+)
+
+pytest.importorskip("torch")  # the slime harness the Miles one builds on holds tensors
+pytest.importorskip("httpx")  # Miles' own client
+
+pytestmark = pytest.mark.live_sglang
+
+HARNESS = Path(__file__).resolve().parents[1] / "miles_double" / "harness.py"
+harness = framework_harness._load("fastaccum_miles_harness", HARNESS)
+
+MILES_PATH = os.environ.get("FASTACCUM_MILES_PATH", "")
+ENVS = [("double", harness.DOUBLE_ROOT)] + [("real", str(Path(p).resolve())) for p in MILES_PATH.split(os.pathsep) if p]
+
+
+@pytest.fixture(scope="module", params=ENVS, ids=[f"{kind}-{Path(root).name}" for kind, root in ENVS])
+def env(request: pytest.FixtureRequest) -> Iterator[Any]:
+    kind, root = request.param
+    if kind == "real":
+        for needed in ("pybase64", "ray", "sglang_router"):
+            pytest.importorskip(needed)
+    with harness.miles_env(kind, root) as loaded:
+        if kind == "real":
+            assert Path(loaded.train.__file__).resolve().is_relative_to(Path(root)), "not the checkout's Miles"
+        yield loaded
+
+
+@contextlib.contextmanager
+def server_wide_aborts(env: Any) -> Iterator[list[str]]:
+    """Every ``abort_all`` sent through Miles' ``post`` (fastaccum's idle-wait fallback sends it so)."""
+    calls: list[str] = []
+    original = env.http_utils.post
+
+    async def spy(url: str, payload: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(payload, dict) and payload.get("abort_all"):
+            calls.append(url)
+        return await original(url, payload, *args, **kwargs)
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(env.http_utils, "post", spy)
+    try:
+        yield calls
+    finally:
+        patch.undo()
+
+
+def rollout_args(env: Any, router: PassThroughRouter, model: Path, stop: int | None) -> SimpleNamespace:
+    host, port = router.url.removeprefix("http://").split(":")
+    target = SimpleNamespace(host=host, port=int(port), expert_shape=EXPERTS, incremental_streaming_output=True)
+    args: SimpleNamespace = harness.make_args(
+        env,
+        target,
+        hf_checkpoint=str(model),
+        rollout_temperature=0.0,  # greedy: each sample has one right answer
+        rollout_max_response_len=MAX,
+        rollout_stop_token_ids=None if stop is None else [stop],
+        use_rollout_routing_replay=True,
+        partial_rollout=True,
+        rollout_batch_size=1,
+        n_samples_per_prompt=2,
+        over_sampling_batch_size=2,
+        fastaccum_transport="client",  # the default: a rollout abort drains each stream by rid
+        fastaccum_idle_timeout=120.0,  # a fallback to the server-wide abort fails the test instead
+        fastaccum_idle_poll_interval=0.05,
+    )
+    return args
+
+
+def assert_equals_answer(sample: Any, prompt_ids: list[int], ref: dict[str, Any], kept: int | None = None) -> None:
+    """The sample holds the answer's first ``kept`` tokens (all by default) after its prompt, their
+    log-probs, and the routed experts of every position but the last, as Miles keeps them: a numpy
+    int32 array, and no loss mask (Miles' single-turn generate starts none)."""
+    tokens, logprobs = ref["output_ids"], logprobs_of(ref)
+    n = len(tokens) if kept is None else kept
+    assert sample.tokens == prompt_ids + tokens[:n]
+    assert sample.response_length == n and sample.loss_mask is None
+    assert sample.rollout_log_probs == logprobs[:n]
+    rows = len(prompt_ids) + n - 1
+    experts = sample.rollout_routed_experts
+    assert isinstance(experts, np.ndarray) and experts.dtype == np.int32 and experts.shape == (rows, *EXPERTS)
+    assert np.array_equal(experts, experts_of(ref["meta_info"])[:rows])
+
+
+@pytest.mark.parametrize("sglang_mode", ["incremental"])  # Miles' --sglang-incremental-streaming-output
+def test_a_miles_rollout_aborted_mid_stream_buffers_drained_prefixes_and_resumes_them_to_the_servers_answer(
+    sglang: Any, env: Any
+) -> None:
+    tokenizer = ModelTokenizer(sglang.model)
+    short_ids, long_ids = tokenizer.encode(SHORT), tokenizer.encode(LONG)
+    with PassThroughRouter(sglang.url) as router, model_tokenizer(env, tokenizer), server_wide_aborts(env) as hard:
+        greedy = {"max_new_tokens": MAX, "temperature": 0}
+        stop, stop_at = stop_token(
+            answer(sglang, short_ids, greedy)["output_ids"], answer(sglang, long_ids, greedy)["output_ids"]
+        )
+        args = rollout_args(env, router, sglang.model, stop)
+        source = Prompts(env, args, [SHORT, LONG])
+        rollouts = harness.Rollouts(env, args, source, "class")  # Miles' loader builds the class once
+        params = dict(rollouts.fn.state.sampling_params)  # what Miles' GenerateState sends
+        short_ref, long_ref = answer(sglang, short_ids, params), answer(sglang, long_ids, params)
+        assert short_ref["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+        assert len(short_ref["output_ids"]) == stop_at
+        assert long_ref["meta_info"]["finish_reason"]["type"] == "length" and len(long_ref["output_ids"]) == MAX
+        version = long_ref["meta_info"]["weight_version"]
+        wait_idle(sglang)  # the loop's requests compute every KV themselves, not from the answers'
+        assert post_raw(sglang.url + "/flush_cache", {})[0] == 200
+        miles_abort = env.train.abort
+
+        # Rollout 0: the short group finishes, which ends the rollout; the long one is aborted.
+        first = rollouts(0)
+        assert env.train.abort is miles_abort and idle(sglang)
+        finished, aborted = source.created
+        assert first.samples == [finished]
+        for sample in finished:
+            assert sample.status == env.Sample.Status.COMPLETED
+            assert_equals_answer(sample, short_ids, short_ref)
+            assert sample.response == short_ref["text"] and sample.weight_versions == [version]
+            assert sample.reward == float(stop_at) and harness.REWARDS[sample.index] == 1
+        assert source.added == [[aborted]]
+        kept = []
+        for sample in aborted:
+            k = sample.response_length
+            assert sample.status == env.Sample.Status.ABORTED and 0 < k < MAX and sample.reward is None
+            # Drained: the terminal abort event carried the routed experts of every kept position.
+            assert_equals_answer(sample, long_ids, long_ref, kept=k)
+            assert sample.metadata["start_rollout_id"] == 0 and sample.weight_versions == [version]
+            kept.append(k)
+        assert hard == []  # aborted by rid, never server-wide
+        bodies = router.generate_bodies
+        assert len(bodies) == 4 and all(b["return_routed_experts"] is True for b in bodies)
+
+        # Rollout 1: the buffered group comes back first and alone; it resumes where it stopped.
+        args.over_sampling_batch_size = 1
+        cached_before = [sample.prefix_cache_info.cached_tokens for sample in aborted]
+        second = rollouts(1)
+        assert env.train.abort is miles_abort and idle(sglang)
+        assert second.samples == [aborted]
+        resumes = router.generate_bodies[4:]
+        assert sorted(len(b["input_ids"]) for b in resumes) == sorted(len(long_ids) + k for k in kept)
+        for body in resumes:
+            k = len(body["input_ids"]) - len(long_ids)
+            assert body["input_ids"] == long_ids + long_ref["output_ids"][:k]
+            assert body["sampling_params"]["max_new_tokens"] == MAX - k
+            assert body["routed_experts_start_len"] == len(long_ids) + k - 1  # only the rows it lacks
+        for sample, k, before in zip(aborted, kept, cached_before):
+            assert sample.status == env.Sample.Status.TRUNCATED
+            assert_equals_answer(sample, long_ids, long_ref)  # no token or row twice, none lost
+            assert sample.prefix_cache_info.cached_tokens - before == len(long_ids) + k - 1
+            assert sample.response == long_ref["text"] and sample.weight_versions == [version, version]
+            assert harness.REWARDS[sample.index] == 1 and sample.reward == float(MAX)
+        assert hard == []
+
+
+@pytest.mark.parametrize("sglang_mode", ["incremental"])
+@pytest.mark.parametrize("pause_mode", ["retract", "in_place"])
+def test_a_weight_update_mid_miles_rollout_leaves_every_sample_complete_with_both_versions(
+    sglang: Any, env: Any, pause_mode: str
+) -> None:
+    """Miles' weight update (``--pause-generation-mode`` retract, its default, or in_place): the
+    server pauses mid-rollout, loads the second checkpoint as "v2" and goes on. The rollout never
+    notices but in the versions: every sample completes, its routed experts cover its sequence,
+    and it records both versions, in order."""
+    tokenizer = ModelTokenizer(sglang.model)
+    second = engines.model_dir(sglang.python, seed="b")
+    with PassThroughRouter(sglang.url) as router, model_tokenizer(env, tokenizer), server_wide_aborts(env) as hard:
+        args = rollout_args(env, router, sglang.model, stop=None)
+        args.over_sampling_batch_size = 1
+        source = Prompts(env, args, [LONG])
+        rollouts = harness.Rollouts(env, args, source, "class")
+        done: list[Any] = []
+        rollout = threading.Thread(target=lambda: done.append(rollouts(0)), daemon=True)
+        try:
+            rollout.start()
+            deadline = time.monotonic() + 120
+            while len(router.events) < 2 or min(router.events.values()) < 10:  # both samples streaming
+                assert time.monotonic() < deadline and rollout.is_alive(), "the rollout did not start streaming"
+                time.sleep(0.005)
+            assert post_raw(sglang.url + "/pause_generation", {"mode": pause_mode})[0] == 200
+            update = {"model_path": str(second), "weight_version": "v2", "flush_cache": pause_mode == "retract"}
+            status, reply = post_raw(sglang.url + "/update_weights_from_disk", update)
+            assert status == 200, reply
+            assert post_raw(sglang.url + "/continue_generation", {})[0] == 200
+            rollout.join(300)
+            assert not rollout.is_alive()
+        finally:
+            restore = {"model_path": str(sglang.model), "weight_version": "default"}
+            post_raw(sglang.url + "/continue_generation", {})
+            rollout.join(300)
+            assert post_raw(sglang.url + "/update_weights_from_disk", restore)[0] == 200
+        ((group,),) = [done[0].samples]
+        for sample in group:
+            assert sample.status == env.Sample.Status.TRUNCATED and sample.response_length == MAX
+            assert sample.weight_versions == ["default", "v2"], sample.weight_versions
+            assert sample.rollout_routed_experts.shape == (len(sample.tokens) - 1, *EXPERTS)
+            assert len(sample.rollout_log_probs) == MAX and sample.reward == float(MAX)
+        assert hard == [] and idle(sglang)
