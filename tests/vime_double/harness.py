@@ -26,6 +26,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import aiohttp
 import numpy as np
 import orjson
 import pytest
@@ -251,7 +252,7 @@ class VimeEmulator(Emulator):
 
     - ``GET /workers``: the emulator doubles as vime's router, one worker (itself);
     - a top-level ``weight_version`` on every chunk with a choice, which vime's reader and
-      fastaccum.vime read into ``Sample.weight_versions`` (the emulator writes none);
+      fastaccum.vime read into ``Sample.weight_versions``: vime's first, until a version is set;
     - ``cancel_endpoint=False``: a vLLM without the RL dev API, both abort endpoints 404;
     - ``holds[request_id] = s``: the request reaches the emulator ``s`` seconds late (queued
       before the server: no token until then; its client leaving ends the wait);
@@ -287,8 +288,9 @@ class VimeEmulator(Emulator):
         app = super().make_app()
         app.middlewares.append(self._observe)
         app.router.add_get("/workers", self._workers)
-        app.router.add_post("/pause", self._pause)
-        app.router.add_post("/resume", self._resume)
+        if not self.vllm_server_dev_mode:  # else the emulator's own pause endpoints serve them
+            app.router.add_post("/pause", self._pause)
+            app.router.add_post("/resume", self._resume)
         app.on_response_prepare.append(self._stamp_weight_version)
         return app
 
@@ -332,15 +334,18 @@ class VimeEmulator(Emulator):
         response: web.StreamResponse = await handler(request)
         return response
 
+    def _stamp(self) -> str:
+        # After an /update_weight_version the chunks carry the version set, as vime's vLLM stamps
+        # each step's; before it, vime's first.
+        return self.weight_version if self.scheduler.stamps else WEIGHT_VERSION
+
     async def _stamp_weight_version(self, request: web.Request, response: web.StreamResponse) -> None:
         if request.path != GENERATE:
             return
         write = response.write
 
         async def stamped(data: Any) -> None:
-            await write(
-                _CHOICE_EVENT.sub(rb'\1,"weight_version":"' + WEIGHT_VERSION.encode() + rb'"}\n\n', bytes(data))
-            )
+            await write(_CHOICE_EVENT.sub(rb'\1,"weight_version":"' + self._stamp().encode() + rb'"}\n\n', bytes(data)))
 
         response.write = stamped  # type: ignore[method-assign]
 
@@ -722,6 +727,43 @@ def scenario_server_abort_outside_rollout_abort(env: VimeEnv, shape: str) -> Non
         assert srv.running == 0
 
 
+def scenario_keep_pause_with_a_version_change(env: VimeEnv, clear_cache: bool) -> None:
+    """vLLM paused with keep mid-answer while the trainer sets a new weight version, as vime's
+    weight update does: invisible to the sample but in its versions. The answer is whole, every
+    token and row as without the pause, and the sample records the version before the pause and
+    the one set during it, in order."""
+    with (
+        server_thread(
+            token_rate=400, vllm_server_dev_mode=True, weight_version=WEIGHT_VERSION, enable_return_routed_experts=True
+        ) as srv,
+        wired(env),
+    ):
+        args = make_args(env, srv, use_rollout_routing_replay=True, rollout_max_response_len=60)
+        sample = new_sample(env)
+
+        async def main() -> None:
+            call = await _started(srv, generate_and_rm(env, args, sample), "s000a00", 5)
+            async with aiohttp.ClientSession() as session:
+                pause = {"mode": "keep", "clear_cache": str(clear_cache).lower()}
+                async with session.post(srv.url + "/pause", params=pause) as reply:
+                    assert reply.status == 200
+                async with session.post(srv.url + "/update_weight_version", json={"new_version": "w2"}) as reply:
+                    assert reply.status == 200
+                assert not call.done()
+                async with session.post(srv.url + "/resume") as reply:
+                    assert reply.status == 200
+            await call
+
+        env.run(main())
+        assert sample.status == env.Sample.Status.TRUNCATED and sample.response_length == 60
+        assert_call(sample, srv, "s000a00", 0, 60, len(prompt_ids()))
+        assert sample.weight_versions == ["w1", "w2"]
+        gen = srv.expected("s000a00", 60, prompt_tokens=len(prompt_ids()), routed_experts=True)
+        experts = as_array(sample.rollout_routed_experts)
+        assert tuple(experts.shape) == (len(sample.tokens) - 1, *srv.expert_shape)
+        assert (experts == gen.routed_experts).all()
+
+
 def scenario_routed_experts(env: VimeEnv) -> None:
     """The finishing chunk's .npy routed experts become vime's int32 tensor of
     (len(tokens) - 1, layers, topk). A resume on the line that resumes from the rows it holds
@@ -897,6 +939,8 @@ SCENARIOS: list[tuple[Any, dict[str, Any]]] = [
     (scenario_rollout_abort_and_resume, {"cancel_endpoint": False}),
     (scenario_server_abort_outside_rollout_abort, {"shape": "0.32"}),
     (scenario_server_abort_outside_rollout_abort, {"shape": "0.31"}),
+    (scenario_keep_pause_with_a_version_change, {"clear_cache": True}),
+    (scenario_keep_pause_with_a_version_change, {"clear_cache": False}),
     (scenario_routed_experts, {}),
     (scenario_sampling_mask, {}),
     (scenario_unrelated_cancellation_propagates, {}),
