@@ -10,7 +10,9 @@ AReaL double always, a real AReaL checkout too where ``FASTACCUM_AREAL_PATH`` na
   fastaccum labels them 1, AReaL 0;
 - ``ttft`` and ``itl``: fastaccum's are measured, AReaL's ``ttft`` is its latency;
 - a request SGLang refuses (400): AReaL sends it ``request_retries`` times, fastaccum once;
-- the connection cut mid-answer: AReaL asks for the whole answer again, fastaccum for the rest.
+- the connection cut mid-answer: AReaL asks for the whole answer again, fastaccum for the rest;
+- routed experts asked of a server that sends none (SGLang started without them, last, as a
+  server of its own): AReaL's error from both.
 
 Each row of what each engine did goes to ``FASTACCUM_AREAL_TABLE`` when set (docs/areal.md), the
 first column saying whose AReaL code ran: the double or the checkout (its commit in the heading).
@@ -19,6 +21,7 @@ first column saying whose AReaL code ran: the double or the checkout (its commit
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import time
@@ -35,6 +38,7 @@ from live_helpers import engines, get_json, post_json
 from test_areal import harness
 
 import fastaccum
+from fastaccum.areal._generate import ROUTED_EXPERTS_MISSING
 
 PROMPT = [11, 12, 13, 14, 15, 16, 17, 18]
 EXPERTS = (2, 2)
@@ -76,6 +80,29 @@ def relay(sglang: Any, world: Any) -> Iterator[Relay]:
     world.call(relay.start())
     yield relay
     world.call(relay.stop())
+
+
+@dataclasses.dataclass(frozen=True)
+class WithoutRoutedExperts(engines.Engine):
+    """SGLang as the tier starts it, but without ``--enable-return-routed-experts``: it answers a
+    request for routed experts with none, as a server of a model that is not a MoE does."""
+
+    def arguments(self, *args: Any, **kwargs: Any) -> list[str]:
+        return [a for a in super().arguments(*args, **kwargs) if a != "--enable-return-routed-experts"]
+
+
+@pytest.fixture(scope="module")
+def sglang_without_routed_experts(live_servers: Any) -> Iterator[Any]:
+    # Its tests take no stream mode, which orders them after every other SGLang test
+    # (tests/live/conftest.py), so the tier's own server is stopped once and never started again.
+    live_servers.close()  # one server at a time
+    server = engines.Server("sglang", incremental=True)
+    server.engine = WithoutRoutedExperts(**vars(server.engine))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 class Relay:
@@ -334,3 +361,17 @@ def test_a_connection_cut_mid_answer_is_resumed_from_what_was_read(
         assert len(asked) == 2 and asked[0] == 0 and (asked[1] > 0) == (kind == "fastaccum"), asked
         row[kind] = f"asked again for {N - asked[1]} of {N} tokens; {resp.routed_experts.shape[0]} rows = the server's"
     note(env, twin, "connection cut mid-answer", row)
+
+
+@pytest.mark.live_sglang
+def test_routed_experts_asked_of_a_server_that_sends_none(
+    sglang_without_routed_experts: Any, twin: ModuleType, env: Any
+) -> None:
+    row = {}
+    for kind in harness.KINDS:
+        engine = env.engine(kind, [sglang_without_routed_experts], return_routed_experts=True)
+        with pytest.raises(RuntimeError) as caught:
+            env.generate(engine, request(env, 8))
+        assert str(caught.value) == ROUTED_EXPERTS_MISSING  # AReaL's own message
+        row[kind] = "RuntimeError: AReaL's message (not a MoE model)"
+    note(env, twin, "routed experts asked, none sent", row)
