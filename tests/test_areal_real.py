@@ -56,8 +56,6 @@ def env(request: pytest.FixtureRequest) -> Iterator[Any]:
 
 @pytest.mark.parametrize("scenario", harness.SCENARIOS, ids=[s.__name__ for s in harness.SCENARIOS])
 def test_scenario(env: Any, world: Any, twin: ModuleType, scenario: Any) -> None:
-    if (why := harness.unavailable(scenario)) is not None:
-        pytest.skip(why)
     row = scenario(env, world)
     twin_name = twin.__name__.rsplit(".", 1)[-1].lstrip("_")
     ROWS.append((env.kind, twin_name, scenario.__name__, row["areal"], row["fastaccum"]))

@@ -559,19 +559,6 @@ def sticky_servers(env: AReaLEnv, world: World) -> Row:
     return row
 
 
-# The emulator's pause and weight-update endpoints are being added (fastaccum/emulator); until
-# they land, the scenarios that pause the server cannot run and say so.
-EMULATOR_PAUSES = hasattr(Emulator, "continue_")
-NEEDS_PAUSE = ("abort_then_resume", "two_step_pause_with_new_weights", "paused_executor_holds_the_loop")
-
-
-def unavailable(scenario: Callable[..., Row]) -> str | None:
-    """Why ``scenario`` cannot run on this emulator, or None."""
-    if scenario.__name__ in NEEDS_PAUSE and not EMULATOR_PAUSES:
-        return "the emulator has no /pause_generation yet (fastaccum/emulator)"
-    return None
-
-
 SCENARIOS = (
     completion,
     abort_then_resume,
