@@ -191,67 +191,33 @@ def wired(env: MilesEnv, emulator: Emulator) -> Iterator[Any]:
         env.reset()
 
 
+# What Miles' rollout reads besides the slime harness's arguments (Miles is slime's fork and keeps
+# their names), and where its defaults differ.
+MILES_ARGS: dict[str, Any] = dict(
+    chat_template_path=None,
+    sglang_router_policy=None,
+    use_miles_router=False,
+    eval_num_gpus=0,
+    num_gpus_per_node=1,
+    rollout_max_context_len=None,
+    sglang_speculative_algorithm=None,
+    custom_generate_function_path=GENERATE,
+    custom_agent_function_path=None,
+    rollout_submission_granularity=None,
+    recompute_logprobs_via_prefill=False,
+    dumper_enable=False,
+    dumper_inference=None,
+    use_rollout_indexer_replay=False,
+    lora_rank=0,
+    lora_adapter_path=None,
+    use_opd=False,
+)
+
+
 def make_args(env: MilesEnv, emulator: Any, **overrides: Any) -> SimpleNamespace:
-    """Miles' arguments, as many as its rollout reads on these paths."""
-    args = SimpleNamespace(
-        hf_checkpoint="fake-model",
-        chat_template_path=None,
-        sglang_router_ip=emulator.host,
-        sglang_router_port=emulator.port,
-        sglang_router_policy=None,
-        use_miles_router=False,
-        sglang_server_concurrency=8,
-        sglang_dp_size=None,
-        rollout_num_gpus=1,
-        rollout_num_gpus_per_engine=1,
-        eval_num_gpus=0,
-        num_gpus_per_node=1,
-        use_distributed_post=False,
-        rollout_temperature=1.0,
-        rollout_top_p=1.0,
-        rollout_top_k=-1,
-        rollout_max_response_len=40,
-        rollout_max_context_len=None,
-        rollout_stop=None,
-        rollout_stop_token_ids=None,
-        rollout_skip_special_tokens=False,
-        rollout_seed=0,
-        sglang_enable_deterministic_inference=False,
-        sglang_speculative_algorithm=None,
-        sglang_incremental_streaming_output=emulator.incremental_streaming_output,
-        partial_rollout=False,
-        mask_offpolicy_in_partial_rollout=False,
-        group_rm=False,
-        custom_generate_function_path=GENERATE,
-        custom_rm_path="fastaccum_slime_harness.count_reward",
-        custom_agent_function_path=None,
-        rm_type=None,
-        reward_key=None,
-        rollout_global_dataset=True,
-        rollout_batch_size=1,
-        n_samples_per_prompt=1,
-        over_sampling_batch_size=1,
-        dynamic_sampling_filter_path=None,
-        rollout_sample_filter_path=None,
-        rollout_all_samples_process_path=None,
-        rollout_submission_granularity=None,
-        recompute_logprobs_via_prefill=False,
-        dumper_enable=False,
-        dumper_inference=None,
-        use_rollout_routing_replay=False,
-        use_rollout_indexer_replay=False,
-        num_layers=emulator.expert_shape[0],
-        lora_rank=0,
-        lora_adapter_path=None,
-        ci_test=False,
-        use_opd=False,
-        fastaccum_idle_timeout=5.0,
-        fastaccum_idle_poll_interval=0.02,
-        fastaccum_transport="client" if env.transport == SHARDS else env.transport,
-        fastaccum_shards=2 if env.transport == SHARDS else None,
-    )
-    for key, value in overrides.items():
-        setattr(args, key, value)
+    """Miles' arguments, as many as its rollout reads on these paths: the slime harness's, with
+    Miles' own on top."""
+    args: SimpleNamespace = sh.make_args(env, emulator, **{**MILES_ARGS, **overrides})
     env.http_utils.init_http_client(args)  # Miles' rollout manager makes it before any rollout
     return args
 
