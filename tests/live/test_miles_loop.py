@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -38,10 +36,12 @@ from test_slime_loop import (
     PassThroughRouter,
     Prompts,
     answer,
+    assert_both_versions,
     experts_of,
     idle,
     logprobs_of,
     model_tokenizer,
+    rollout_across_a_weight_update,
     stop_token,
     wait_idle,
 )
@@ -211,30 +211,6 @@ def test_a_weight_update_mid_miles_rollout_leaves_every_sample_complete_with_bot
         args.over_sampling_batch_size = 1
         source = Prompts(env, args, [LONG])
         rollouts = harness.Rollouts(env, args, source, "class")
-        done: list[Any] = []
-        rollout = threading.Thread(target=lambda: done.append(rollouts(0)), daemon=True)
-        try:
-            rollout.start()
-            deadline = time.monotonic() + 120
-            while len(router.events) < 2 or min(router.events.values()) < 10:  # both samples streaming
-                assert time.monotonic() < deadline and rollout.is_alive(), "the rollout did not start streaming"
-                time.sleep(0.005)
-            assert post_raw(sglang.url + "/pause_generation", {"mode": pause_mode})[0] == 200
-            update = {"model_path": str(second), "weight_version": "v2", "flush_cache": pause_mode == "retract"}
-            status, reply = post_raw(sglang.url + "/update_weights_from_disk", update)
-            assert status == 200, reply
-            assert post_raw(sglang.url + "/continue_generation", {})[0] == 200
-            rollout.join(300)
-            assert not rollout.is_alive()
-        finally:
-            restore = {"model_path": str(sglang.model), "weight_version": "default"}
-            post_raw(sglang.url + "/continue_generation", {})
-            rollout.join(300)
-            assert post_raw(sglang.url + "/update_weights_from_disk", restore)[0] == 200
-        ((group,),) = [done[0].samples]
-        for sample in group:
-            assert sample.status == env.Sample.Status.TRUNCATED and sample.response_length == MAX
-            assert sample.weight_versions == ["default", "v2"], sample.weight_versions
-            assert sample.rollout_routed_experts.shape == (len(sample.tokens) - 1, *EXPERTS)
-            assert len(sample.rollout_log_probs) == MAX and sample.reward == float(MAX)
+        output = rollout_across_a_weight_update(sglang, router, lambda: rollouts(0), second, pause_mode)
+        assert_both_versions(env, output)
         assert hard == [] and idle(sglang)

@@ -27,7 +27,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -389,30 +389,49 @@ def test_a_weight_update_mid_rollout_leaves_every_sample_complete_with_both_vers
         args.over_sampling_batch_size = 1
         env.http_utils.init_http_client(args)
         source = Prompts(env, args, [LONG])
-        done: list[Any] = []
-        rollout = threading.Thread(target=lambda: done.append(fs.generate_rollout(args, 0, source)), daemon=True)
-        try:
-            rollout.start()
-            deadline = time.monotonic() + 120
-            while len(router.events) < 2 or min(router.events.values()) < 10:  # both samples streaming
-                assert time.monotonic() < deadline and rollout.is_alive(), "the rollout did not start streaming"
-                time.sleep(0.005)
-            assert post_raw(sglang.url + "/pause_generation", {"mode": pause_mode})[0] == 200
-            update = {"model_path": str(second), "weight_version": "v2", "flush_cache": pause_mode == "retract"}
-            status, reply = post_raw(sglang.url + "/update_weights_from_disk", update)
-            assert status == 200, reply
-            assert post_raw(sglang.url + "/continue_generation", {})[0] == 200
-            rollout.join(300)
-            assert not rollout.is_alive()
-        finally:
-            restore = {"model_path": str(sglang.model), "weight_version": "default"}
-            post_raw(sglang.url + "/continue_generation", {})
-            rollout.join(300)
-            assert post_raw(sglang.url + "/update_weights_from_disk", restore)[0] == 200
-        ((group,),) = [done[0].samples]
-        for sample in group:
-            assert sample.status == env.Sample.Status.TRUNCATED and sample.response_length == MAX
-            assert sample.weight_versions == ["default", "v2"], sample.weight_versions
-            assert tuple(sample.rollout_routed_experts.shape) == (len(sample.tokens) - 1, *EXPERTS)
-            assert len(sample.rollout_log_probs) == MAX and sample.reward == float(MAX)
+        output = rollout_across_a_weight_update(
+            sglang, router, lambda: fs.generate_rollout(args, 0, source), second, pause_mode
+        )
+        assert_both_versions(env, output)
         assert hard == [] and idle(sglang)
+
+
+def rollout_across_a_weight_update(
+    sglang: Any, router: PassThroughRouter, rollout: Callable[[], Any], second: Path, pause_mode: str
+) -> Any:
+    """``rollout()`` (a rollout of one group of two samples) run while the server, once both samples
+    stream, pauses in ``pause_mode``, loads ``second`` as version "v2" and continues, as the
+    framework's weight update does; the server's first weights are loaded again afterwards.
+    Returns the rollout's output."""
+    done: list[Any] = []
+    running = threading.Thread(target=lambda: done.append(rollout()), daemon=True)
+    try:
+        running.start()
+        deadline = time.monotonic() + 120
+        while len(router.events) < 2 or min(router.events.values()) < 10:  # both samples streaming
+            assert time.monotonic() < deadline and running.is_alive(), "the rollout did not start streaming"
+            time.sleep(0.005)
+        assert post_raw(sglang.url + "/pause_generation", {"mode": pause_mode})[0] == 200
+        update = {"model_path": str(second), "weight_version": "v2", "flush_cache": pause_mode == "retract"}
+        status, reply = post_raw(sglang.url + "/update_weights_from_disk", update)
+        assert status == 200, reply
+        assert post_raw(sglang.url + "/continue_generation", {})[0] == 200
+        running.join(300)
+        assert not running.is_alive()
+    finally:
+        restore = {"model_path": str(sglang.model), "weight_version": "default"}
+        post_raw(sglang.url + "/continue_generation", {})
+        running.join(300)
+        assert post_raw(sglang.url + "/update_weights_from_disk", restore)[0] == 200
+    return done[0]
+
+
+def assert_both_versions(env: Any, output: Any) -> None:
+    """Every sample of the rollout's one group ran to its budget, records both versions in order,
+    and holds a routed-expert row per position but the last and a log-prob per token."""
+    ((group,),) = [output.samples]
+    for sample in group:
+        assert sample.status == env.Sample.Status.TRUNCATED and sample.response_length == MAX
+        assert sample.weight_versions == ["default", "v2"], sample.weight_versions
+        assert tuple(sample.rollout_routed_experts.shape) == (len(sample.tokens) - 1, *EXPERTS)
+        assert len(sample.rollout_log_probs) == MAX and sample.reward == float(MAX)

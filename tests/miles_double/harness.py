@@ -1031,25 +1031,11 @@ SCENARIOS: list[tuple[str, Any, list[dict[str, Any]]]] = [
 ]
 
 
-# The weight-update scenarios pause the server: an emulator without /pause_generation cannot.
-EMULATOR_PAUSES = hasattr(Emulator, "continue_")
-NEEDS_PAUSE = ("weight_update_mid_rollout",)
-
-
-def unavailable(name: str) -> str | None:
-    """Why scenario ``name`` cannot run on this emulator, or None."""
-    if name in NEEDS_PAUSE and not EMULATOR_PAUSES:
-        return "the emulator has no /pause_generation yet (fastaccum/emulator)"
-    return None
-
-
 def scenario_params() -> list[Any]:
     """pytest params: one per (scenario, parameter set), with readable ids."""
     out = []
     for name, fn, sets in SCENARIOS:
         for kwargs in sets:
             suffix = "-".join(f"{k}={v}" for k, v in kwargs.items())
-            why = unavailable(name)
-            marks = [pytest.mark.skip(reason=why)] if why else []
-            out.append(pytest.param(fn, kwargs, id=f"{name}[{suffix}]" if suffix else name, marks=marks))
+            out.append(pytest.param(fn, kwargs, id=f"{name}[{suffix}]" if suffix else name))
     return out
