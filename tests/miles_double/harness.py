@@ -37,7 +37,6 @@ from fastaccum.emulator import Emulator
 from fastaccum.errors import ServerError, SettingsError, StreamFormatError, StreamTruncatedError
 from fastaccum.miles import _generate, _modules, _pools
 from fastaccum.miles._settings import Settings
-from fastaccum.result import StreamResult
 
 sh = framework_harness.slime()  # the slime harness: emulator, wiring, data source, tokenizer, rewards
 
@@ -575,20 +574,9 @@ def scenario_errors_fail_closed(env: MilesEnv) -> None:
         with pytest.raises(StreamFormatError, match="indexer_topk_num_layers"):
             env.run(call(env, new_state(env, args), sample))
         assert sample.response_length == 0 and sample.tokens == []
-    base = StreamResult(
-        mode="cumulative", token_ids=np.array([5, 6], np.int32), logprobs=np.array([-0.1, -0.2]), text="ab"
-    )
-    refused = [
-        (dataclasses.replace(base, finish_reason={"type": "abort", "status_code": 400, "message": "bad"}), ServerError),
-        (dataclasses.replace(base, finish_reason={"type": "weird"}), StreamFormatError),
-        (
-            dataclasses.replace(base, finish_reason={"type": "stop"}, logprobs=np.array([-0.1, np.nan])),
-            StreamFormatError,
-        ),
-    ]
     from fastaccum.miles._commit import commit_terminal
 
-    for result, error in refused:
+    for result, error in sh.refused_results():
         sample = new_sample(env)
         with pytest.raises(error):
             commit_terminal(

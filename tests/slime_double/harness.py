@@ -702,8 +702,17 @@ def scenario_errors_fail_closed(env: SlimeEnv) -> None:
             with pytest.raises(error):
                 env.run(fs.generate(args, sample, sampling_params(env, args)))
             assert sample.response_length == 0 and sample.status == env.Sample.Status.PENDING
-    # Terminal results fastaccum refuses to commit: an abort with a status code, an unknown finish
-    # type, a null logprob.
+    for result, error in refused_results():
+        sample = new_sample(env)
+        sample.tokens = prompt_ids()
+        with pytest.raises(error):
+            _commit.commit_terminal(SimpleNamespace(), sample, result, FakeTokenizer(), None)
+        assert sample.response_length == 0
+
+
+def refused_results() -> list[tuple[StreamResult, type[Exception]]]:
+    """Terminal results an adapter refuses to commit, with the error each raises: an abort with a
+    status code, an unknown finish type, a null logprob."""
     base = StreamResult(
         mode="cumulative",
         token_ids=np.array([5, 6], np.int32),
@@ -711,7 +720,7 @@ def scenario_errors_fail_closed(env: SlimeEnv) -> None:
         text="ab",
         meta_info={},
     )
-    bad = [
+    return [
         (dataclasses.replace(base, finish_reason={"type": "abort", "status_code": 400, "message": "bad"}), ServerError),
         (dataclasses.replace(base, finish_reason={"type": "weird"}), StreamFormatError),
         (
@@ -719,12 +728,6 @@ def scenario_errors_fail_closed(env: SlimeEnv) -> None:
             StreamFormatError,
         ),
     ]
-    for result, error in bad:
-        sample = new_sample(env)
-        sample.tokens = prompt_ids()
-        with pytest.raises(error):
-            _commit.commit_terminal(SimpleNamespace(), sample, result, FakeTokenizer(), None)
-        assert sample.response_length == 0
 
 
 def scenario_register_then_check(env: SlimeEnv) -> None:
