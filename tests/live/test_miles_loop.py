@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -27,23 +27,20 @@ from typing import Any
 import framework_harness
 import numpy as np
 import pytest
-from live_helpers import ModelTokenizer, engines, post_raw
+from live_helpers import ModelTokenizer, engines
 from test_slime_loop import (
     EXPERTS,
     LONG,
     MAX,
-    SHORT,
     PassThroughRouter,
     Prompts,
-    answer,
+    abort_then_resume,
     assert_both_versions,
     experts_of,
     idle,
     logprobs_of,
     model_tokenizer,
     rollout_across_a_weight_update,
-    stop_token,
-    wait_idle,
 )
 
 pytest.importorskip("torch")  # the slime harness the Miles one builds on holds tensors
@@ -131,68 +128,23 @@ def test_a_miles_rollout_aborted_mid_stream_buffers_drained_prefixes_and_resumes
     sglang: Any, env: Any
 ) -> None:
     tokenizer = ModelTokenizer(sglang.model)
-    short_ids, long_ids = tokenizer.encode(SHORT), tokenizer.encode(LONG)
     with PassThroughRouter(sglang.url) as router, model_tokenizer(env, tokenizer), server_wide_aborts(env) as hard:
-        greedy = {"max_new_tokens": MAX, "temperature": 0}
-        stop, stop_at = stop_token(
-            answer(sglang, short_ids, greedy)["output_ids"], answer(sglang, long_ids, greedy)["output_ids"]
+
+        def start(args: Any, source: Any) -> tuple[Callable[[int], Any], dict[str, Any]]:
+            rollouts = harness.Rollouts(env, args, source, "class")  # Miles' loader builds the class once
+            return rollouts, dict(rollouts.fn.state.sampling_params)  # what Miles' GenerateState sends
+
+        abort_then_resume(
+            sglang,
+            env,
+            router,
+            hard,
+            tokenizer,
+            args_for=lambda stop: rollout_args(env, router, sglang.model, stop),
+            start=start,
+            abort_home=env.train,  # inference_rollout_train.abort, swapped while the rollout runs
+            equals_answer=assert_equals_answer,
         )
-        args = rollout_args(env, router, sglang.model, stop)
-        source = Prompts(env, args, [SHORT, LONG])
-        rollouts = harness.Rollouts(env, args, source, "class")  # Miles' loader builds the class once
-        params = dict(rollouts.fn.state.sampling_params)  # what Miles' GenerateState sends
-        short_ref, long_ref = answer(sglang, short_ids, params), answer(sglang, long_ids, params)
-        assert short_ref["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
-        assert len(short_ref["output_ids"]) == stop_at
-        assert long_ref["meta_info"]["finish_reason"]["type"] == "length" and len(long_ref["output_ids"]) == MAX
-        version = long_ref["meta_info"]["weight_version"]
-        wait_idle(sglang)  # the loop's requests compute every KV themselves, not from the answers'
-        assert post_raw(sglang.url + "/flush_cache", {})[0] == 200
-        miles_abort = env.train.abort
-
-        # Rollout 0: the short group finishes, which ends the rollout; the long one is aborted.
-        first = rollouts(0)
-        assert env.train.abort is miles_abort and idle(sglang)
-        finished, aborted = source.created
-        assert first.samples == [finished]
-        for sample in finished:
-            assert sample.status == env.Sample.Status.COMPLETED
-            assert_equals_answer(sample, short_ids, short_ref)
-            assert sample.response == short_ref["text"] and sample.weight_versions == [version]
-            assert sample.reward == float(stop_at) and harness.REWARDS[sample.index] == 1
-        assert source.added == [[aborted]]
-        kept = []
-        for sample in aborted:
-            k = sample.response_length
-            assert sample.status == env.Sample.Status.ABORTED and 0 < k < MAX and sample.reward is None
-            # Drained: the terminal abort event carried the routed experts of every kept position.
-            assert_equals_answer(sample, long_ids, long_ref, kept=k)
-            assert sample.metadata["start_rollout_id"] == 0 and sample.weight_versions == [version]
-            kept.append(k)
-        assert hard == []  # aborted by rid, never server-wide
-        bodies = router.generate_bodies
-        assert len(bodies) == 4 and all(b["return_routed_experts"] is True for b in bodies)
-
-        # Rollout 1: the buffered group comes back first and alone; it resumes where it stopped.
-        args.over_sampling_batch_size = 1
-        cached_before = [sample.prefix_cache_info.cached_tokens for sample in aborted]
-        second = rollouts(1)
-        assert env.train.abort is miles_abort and idle(sglang)
-        assert second.samples == [aborted]
-        resumes = router.generate_bodies[4:]
-        assert sorted(len(b["input_ids"]) for b in resumes) == sorted(len(long_ids) + k for k in kept)
-        for body in resumes:
-            k = len(body["input_ids"]) - len(long_ids)
-            assert body["input_ids"] == long_ids + long_ref["output_ids"][:k]
-            assert body["sampling_params"]["max_new_tokens"] == MAX - k
-            assert body["routed_experts_start_len"] == len(long_ids) + k - 1  # only the rows it lacks
-        for sample, k, before in zip(aborted, kept, cached_before):
-            assert sample.status == env.Sample.Status.TRUNCATED
-            assert_equals_answer(sample, long_ids, long_ref)  # no token or row twice, none lost
-            assert sample.prefix_cache_info.cached_tokens - before == len(long_ids) + k - 1
-            assert sample.response == long_ref["text"] and sample.weight_versions == [version, version]
-            assert harness.REWARDS[sample.index] == 1 and sample.reward == float(MAX)
-        assert hard == []
 
 
 @pytest.mark.parametrize("sglang_mode", ["incremental"])

@@ -300,76 +300,114 @@ def test_a_rollout_aborted_mid_stream_buffers_drained_prefixes_and_resumes_them_
     sglang: Any, env: Any
 ) -> None:
     tokenizer = ModelTokenizer(sglang.model)
-    short_ids, long_ids = tokenizer.encode(SHORT), tokenizer.encode(LONG)
     with PassThroughRouter(sglang.url) as router, model_tokenizer(env, tokenizer), server_wide_aborts(env) as hard:
-        greedy = {"max_new_tokens": MAX, "temperature": 0}
-        stop, stop_at = stop_token(
-            answer(sglang, short_ids, greedy)["output_ids"], answer(sglang, long_ids, greedy)["output_ids"]
+
+        def start(args: Any, source: Prompts) -> tuple[Callable[[int], Any], dict[str, Any]]:
+            env.http_utils.init_http_client(args)  # slime's RolloutManager makes it before any rollout
+            # slime's rollout function, and the sampling parameters its GenerateState sends
+            return (lambda rollout_id: fs.generate_rollout(args, rollout_id, source)), harness.sampling_params(
+                env, args
+            )
+
+        abort_then_resume(
+            sglang,
+            env,
+            router,
+            hard,
+            tokenizer,
+            args_for=lambda stop: rollout_args(env, router, sglang.model, stop),
+            start=start,
+            abort_home=env.rollout,
+            equals_answer=assert_equals_answer,
         )
-        args = rollout_args(env, router, sglang.model, stop)
-        env.http_utils.init_http_client(args)  # slime's RolloutManager makes it before any rollout
-        params = harness.sampling_params(env, args)  # what slime's GenerateState sends
-        short_ref, long_ref = answer(sglang, short_ids, params), answer(sglang, long_ids, params)
-        assert short_ref["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
-        assert len(short_ref["output_ids"]) == stop_at
-        assert long_ref["meta_info"]["finish_reason"]["type"] == "length" and len(long_ref["output_ids"]) == MAX
-        version = long_ref["meta_info"]["weight_version"]  # one entry per committed call
-        # The loop's requests compute every KV themselves, not from the answers' (see the resume).
-        wait_idle(sglang)  # the cache is flushed only on an idle server
-        assert post_raw(sglang.url + "/flush_cache", {})[0] == 200
-        source = Prompts(env, args, [SHORT, LONG])
-        stock_abort = env.rollout.abort
 
-        # Rollout 0: the short group finishes, which ends the rollout; the long one is aborted.
-        first = fs.generate_rollout(args, 0, source)
-        assert env.rollout.abort is stock_abort and idle(sglang)
-        finished, aborted = source.created
-        assert first.samples == [finished]
-        for sample in finished:
-            assert sample.status == env.Sample.Status.COMPLETED
-            assert_equals_answer(sample, short_ids, short_ref)
-            assert sample.response == short_ref["text"] and sample.weight_versions == [version]
-            assert sample.reward == float(stop_at) and harness.REWARDS[sample.index] == 1
-        assert source.added == [[aborted]]  # buffered: it kept a prefix
-        kept = []
-        for sample in aborted:
-            k = sample.response_length
-            assert sample.status == env.Sample.Status.ABORTED and 0 < k < MAX and sample.reward is None
-            # Drained: the terminal abort event carried the routed experts of every kept position.
-            assert_equals_answer(sample, long_ids, long_ref, kept=k)
-            assert sample.metadata["start_rollout_id"] == 0 and sample.weight_versions == [version]
-            kept.append(k)
-        assert hard == []  # aborted by rid, never server-wide
-        bodies = router.generate_bodies
-        assert len(bodies) == 4 and all(b["return_routed_experts"] is True for b in bodies)
 
-        # Rollout 1: the buffered group comes back first and alone; it resumes where it stopped.
-        args.over_sampling_batch_size = 1
-        cached_before = [sample.prefix_cache_info.cached_tokens for sample in aborted]
-        second = fs.generate_rollout(args, 1, source)
-        assert env.rollout.abort is stock_abort and idle(sglang)
-        assert second.samples == [aborted] and source.added == [[aborted]]
-        # Each resume sent its prompt and kept prefix, with the budget that is left, and asked
-        # only for the routing the sample does not hold (the drain brought prompt + k - 1 rows).
-        resumes = router.generate_bodies[4:]
-        assert sorted(len(b["input_ids"]) for b in resumes) == sorted(len(long_ids) + k for k in kept)
-        for body in resumes:
-            k = len(body["input_ids"]) - len(long_ids)
-            assert body["input_ids"] == long_ids + long_ref["output_ids"][:k]
-            assert body["sampling_params"]["max_new_tokens"] == MAX - k
-            assert body["routed_experts_start_len"] == len(long_ids) + k - 1
-        for sample, k, before in zip(aborted, kept, cached_before):
-            assert sample.status == env.Sample.Status.TRUNCATED
-            assert_equals_answer(sample, long_ids, long_ref)  # no token twice, none lost
-            # The resume computed only its last input token: the prompt and kept prefix came from
-            # the KV the drained request left in SGLang's radix cache. A resume that recomputes
-            # them (the cache flushed before it) is a bf16 prefill where the answer was decoded:
-            # measured, its greedy tokens left the answer's after kept prefixes of 5 and 13 tokens
-            # (not 1 or 40), and where they held, log-probs differed by up to 0.09.
-            assert sample.prefix_cache_info.cached_tokens - before == len(long_ids) + k - 1
-            assert sample.response == long_ref["text"] and sample.weight_versions == [version, version]
-            assert harness.REWARDS[sample.index] == 1 and sample.reward == float(MAX)
-        assert hard == []
+def abort_then_resume(
+    sglang: Any,
+    env: Any,
+    router: PassThroughRouter,
+    hard: list[Any],
+    tokenizer: ModelTokenizer,
+    *,
+    args_for: Callable[[int], Any],
+    start: Callable[[Any, Prompts], tuple[Callable[[int], Any], dict[str, Any]]],
+    abort_home: Any,
+    equals_answer: Callable[..., None],
+) -> None:
+    """The loop, on a framework's code: two rollouts of ``start(args, source)``'s rollout (rollout
+    id in, output out; with the sampling parameters the framework sends), whose abort the
+    framework looks up as ``abort_home.abort``; ``args_for(stop)``: the framework's arguments;
+    ``equals_answer``: the sample against the server's answer, as the framework keeps it; ``hard``:
+    the server-wide aborts sent, which must stay none."""
+    short_ids, long_ids = tokenizer.encode(SHORT), tokenizer.encode(LONG)
+    greedy = {"max_new_tokens": MAX, "temperature": 0}
+    stop, stop_at = stop_token(
+        answer(sglang, short_ids, greedy)["output_ids"], answer(sglang, long_ids, greedy)["output_ids"]
+    )
+    args = args_for(stop)
+    source = Prompts(env, args, [SHORT, LONG])
+    rollout, params = start(args, source)
+    short_ref, long_ref = answer(sglang, short_ids, params), answer(sglang, long_ids, params)
+    assert short_ref["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert len(short_ref["output_ids"]) == stop_at
+    assert long_ref["meta_info"]["finish_reason"]["type"] == "length" and len(long_ref["output_ids"]) == MAX
+    version = long_ref["meta_info"]["weight_version"]  # one entry per committed call
+    # The loop's requests compute every KV themselves, not from the answers' (see the resume).
+    wait_idle(sglang)  # the cache is flushed only on an idle server
+    assert post_raw(sglang.url + "/flush_cache", {})[0] == 200
+    stock_abort = abort_home.abort
+
+    # Rollout 0: the short group finishes, which ends the rollout; the long one is aborted.
+    first = rollout(0)
+    assert abort_home.abort is stock_abort and idle(sglang)
+    finished, aborted = source.created
+    assert first.samples == [finished]
+    for sample in finished:
+        assert sample.status == env.Sample.Status.COMPLETED
+        equals_answer(sample, short_ids, short_ref)
+        assert sample.response == short_ref["text"] and sample.weight_versions == [version]
+        assert sample.reward == float(stop_at) and harness.REWARDS[sample.index] == 1
+    assert source.added == [[aborted]]  # buffered: it kept a prefix
+    kept = []
+    for sample in aborted:
+        k = sample.response_length
+        assert sample.status == env.Sample.Status.ABORTED and 0 < k < MAX and sample.reward is None
+        # Drained: the terminal abort event carried the routed experts of every kept position.
+        equals_answer(sample, long_ids, long_ref, kept=k)
+        assert sample.metadata["start_rollout_id"] == 0 and sample.weight_versions == [version]
+        kept.append(k)
+    assert hard == []  # aborted by rid, never server-wide
+    bodies = router.generate_bodies
+    assert len(bodies) == 4 and all(b["return_routed_experts"] is True for b in bodies)
+
+    # Rollout 1: the buffered group comes back first and alone; it resumes where it stopped.
+    args.over_sampling_batch_size = 1
+    cached_before = [sample.prefix_cache_info.cached_tokens for sample in aborted]
+    second = rollout(1)
+    assert abort_home.abort is stock_abort and idle(sglang)
+    # nothing buffered again (Miles hands its buffer an empty list where slime hands none)
+    assert second.samples == [aborted] and [groups for groups in source.added if groups] == [[aborted]]
+    # Each resume sent its prompt and kept prefix, with the budget that is left, and asked
+    # only for the routing the sample does not hold (the drain brought prompt + k - 1 rows).
+    resumes = router.generate_bodies[4:]
+    assert sorted(len(b["input_ids"]) for b in resumes) == sorted(len(long_ids) + k for k in kept)
+    for body in resumes:
+        k = len(body["input_ids"]) - len(long_ids)
+        assert body["input_ids"] == long_ids + long_ref["output_ids"][:k]
+        assert body["sampling_params"]["max_new_tokens"] == MAX - k
+        assert body["routed_experts_start_len"] == len(long_ids) + k - 1
+    for sample, k, before in zip(aborted, kept, cached_before):
+        assert sample.status == env.Sample.Status.TRUNCATED
+        equals_answer(sample, long_ids, long_ref)  # no token twice, none lost
+        # The resume computed only its last input token: the prompt and kept prefix came from
+        # the KV the drained request left in SGLang's radix cache. A resume that recomputes
+        # them (the cache flushed before it) is a bf16 prefill where the answer was decoded:
+        # measured, its greedy tokens left the answer's after kept prefixes of 5 and 13 tokens
+        # (not 1 or 40), and where they held, log-probs differed by up to 0.09.
+        assert sample.prefix_cache_info.cached_tokens - before == len(long_ids) + k - 1
+        assert sample.response == long_ref["text"] and sample.weight_versions == [version, version]
+        assert harness.REWARDS[sample.index] == 1 and sample.reward == float(MAX)
+    assert hard == []
 
 
 @pytest.mark.parametrize("sglang_mode", ["incremental"])
