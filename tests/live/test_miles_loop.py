@@ -27,18 +27,15 @@ from typing import Any
 import framework_harness
 import numpy as np
 import pytest
+import test_slime_loop as slime_loop
 from live_helpers import ModelTokenizer, engines
 from test_slime_loop import (
-    EXPERTS,
     LONG,
-    MAX,
     PassThroughRouter,
     Prompts,
     abort_then_resume,
     assert_both_versions,
-    experts_of,
     idle,
-    logprobs_of,
     model_tokenizer,
     rollout_across_a_weight_update,
 )
@@ -87,40 +84,18 @@ def server_wide_aborts(env: Any) -> Iterator[list[str]]:
 
 
 def rollout_args(env: Any, router: PassThroughRouter, model: Path, stop: int | None) -> SimpleNamespace:
-    host, port = router.url.removeprefix("http://").split(":")
-    target = SimpleNamespace(host=host, port=int(port), expert_shape=EXPERTS, incremental_streaming_output=True)
-    args: SimpleNamespace = harness.make_args(
-        env,
-        target,
-        hf_checkpoint=str(model),
-        rollout_temperature=0.0,  # greedy: each sample has one right answer
-        rollout_max_response_len=MAX,
-        rollout_stop_token_ids=None if stop is None else [stop],
-        use_rollout_routing_replay=True,
-        partial_rollout=True,
-        rollout_batch_size=1,
-        n_samples_per_prompt=2,
-        over_sampling_batch_size=2,
-        fastaccum_transport="client",  # the default: a rollout abort drains each stream by rid
-        fastaccum_idle_timeout=120.0,  # a fallback to the server-wide abort fails the test instead
-        fastaccum_idle_poll_interval=0.05,
-    )
+    """The slime loop's arguments, made by the Miles harness (which also makes Miles' client)."""
+    args: SimpleNamespace = slime_loop.rollout_args(env, router, model, -1, make_args=harness.make_args)
+    args.rollout_stop_token_ids = None if stop is None else [stop]
     return args
 
 
 def assert_equals_answer(sample: Any, prompt_ids: list[int], ref: dict[str, Any], kept: int | None = None) -> None:
-    """The sample holds the answer's first ``kept`` tokens (all by default) after its prompt, their
-    log-probs, and the routed experts of every position but the last, as Miles keeps them: a numpy
-    int32 array, and no loss mask (Miles' single-turn generate starts none)."""
-    tokens, logprobs = ref["output_ids"], logprobs_of(ref)
-    n = len(tokens) if kept is None else kept
-    assert sample.tokens == prompt_ids + tokens[:n]
-    assert sample.response_length == n and sample.loss_mask is None
-    assert sample.rollout_log_probs == logprobs[:n]
-    rows = len(prompt_ids) + n - 1
+    """The slime loop's check, on the sample as Miles keeps it: routed experts as a numpy int32
+    array, and no loss mask (Miles' single-turn generate starts none)."""
+    slime_loop.assert_equals_answer(sample, prompt_ids, ref, kept, masked=False)
     experts = sample.rollout_routed_experts
-    assert isinstance(experts, np.ndarray) and experts.dtype == np.int32 and experts.shape == (rows, *EXPERTS)
-    assert np.array_equal(experts, experts_of(ref["meta_info"])[:rows])
+    assert isinstance(experts, np.ndarray) and experts.dtype == np.int32
 
 
 @pytest.mark.parametrize("sglang_mode", ["incremental"])  # Miles' --sglang-incremental-streaming-output

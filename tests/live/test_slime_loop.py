@@ -259,10 +259,13 @@ def model_tokenizer(env: Any, tokenizer: ModelTokenizer) -> Iterator[None]:
         env.reset()
 
 
-def rollout_args(env: Any, router: PassThroughRouter, model: Path, stop: int) -> SimpleNamespace:
+def rollout_args(
+    env: Any, router: PassThroughRouter, model: Path, stop: int, make_args: Callable[..., Any] = harness.make_args
+) -> SimpleNamespace:
+    """The loop's arguments through the framework harness's ``make_args`` (slime's by default)."""
     host, port = router.url.removeprefix("http://").split(":")
     target = SimpleNamespace(host=host, port=int(port), expert_shape=EXPERTS, incremental_streaming_output=True)
-    args: SimpleNamespace = harness.make_args(
+    args: SimpleNamespace = make_args(
         env,
         target,
         hf_checkpoint=str(model),
@@ -281,18 +284,21 @@ def rollout_args(env: Any, router: PassThroughRouter, model: Path, stop: int) ->
     return args
 
 
-def assert_equals_answer(sample: Any, prompt_ids: list[int], ref: dict[str, Any], kept: int | None = None) -> None:
+def assert_equals_answer(
+    sample: Any, prompt_ids: list[int], ref: dict[str, Any], kept: int | None = None, *, masked: bool = True
+) -> None:
     """The sample holds the answer's first ``kept`` tokens (all of them by default) after its prompt,
-    their log-probs, and the routed experts of every position but the last."""
+    their log-probs, and the routed experts of every position but the last; ``masked``: a loss
+    mask of ones over them (slime's), else none."""
     tokens, logprobs = ref["output_ids"], logprobs_of(ref)
     n = len(tokens) if kept is None else kept
     assert sample.tokens == prompt_ids + tokens[:n]
-    assert sample.response_length == n and sample.loss_mask == [1] * n
+    assert sample.response_length == n and sample.loss_mask == ([1] * n if masked else None)
     assert sample.rollout_log_probs == logprobs[:n]
     rows = len(prompt_ids) + n - 1
     experts = sample.rollout_routed_experts
     assert experts is not None and tuple(experts.shape) == (rows, *EXPERTS)
-    assert np.array_equal(experts.numpy(), experts_of(ref["meta_info"])[:rows])
+    assert np.array_equal(np.asarray(experts), experts_of(ref["meta_info"])[:rows])
 
 
 @pytest.mark.parametrize("sglang_mode", ["incremental"])  # slime's --sglang-incremental-streaming-output
