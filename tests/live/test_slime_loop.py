@@ -50,6 +50,7 @@ fs = harness.fs
 
 EXPERTS = (2, 2)  # the tiny model's (layers, top-k)
 MAX = 128  # --rollout-max-response-len
+EOS_ID = 0  # the tiny model's (tools/live/build_tiny_moe.py)
 STOP_AT = 16  # the finishing group's answer ends with the stop token here (1-based) or a little later
 SHORT = "the quick brown fox"  # the group that finishes
 LONG = "zeta eta theta iota kappa"  # the group the rollout aborts and the next one resumes
@@ -471,11 +472,17 @@ def rollout_across_a_weight_update(
 
 
 def assert_both_versions(env: Any, output: Any) -> None:
-    """Every sample of the rollout's one group ran to its budget, records both versions in order,
-    and holds a routed-expert row per position but the last and a log-prob per token."""
+    """Every sample of the rollout's one group ran to its end, records both versions in order,
+    and holds a routed-expert row per position but the last and a log-prob per token. Its end is
+    the budget, or the EOS when the second checkpoint chose it: where the weights switch is the
+    server's timing, and so is the answer after it."""
     ((group,),) = [output.samples]
     for sample in group:
-        assert sample.status == env.Sample.Status.TRUNCATED and sample.response_length == MAX
+        n = sample.response_length
+        if sample.status == env.Sample.Status.COMPLETED:
+            assert 0 < n < MAX and sample.tokens[-1] == EOS_ID, (n, sample.tokens[-1])
+        else:
+            assert sample.status == env.Sample.Status.TRUNCATED and n == MAX
         assert sample.weight_versions == ["default", "v2"], sample.weight_versions
         assert tuple(sample.rollout_routed_experts.shape) == (len(sample.tokens) - 1, *EXPERTS)
-        assert len(sample.rollout_log_probs) == MAX and sample.reward == float(MAX)
+        assert len(sample.rollout_log_probs) == n and sample.reward == float(n)
