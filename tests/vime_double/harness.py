@@ -33,7 +33,7 @@ import pytest
 from aiohttp import web
 
 import fastaccum.vime as fv
-from fastaccum.emulator import VLLM_ID_PREFIX, Emulator, writer
+from fastaccum.emulator import FAULT_KEY, VLLM_ID_PREFIX, Emulator, writer
 from fastaccum.errors import SettingsError
 from fastaccum.vime import _generate, _modules, _pools
 
@@ -406,6 +406,9 @@ async def count_reward(args: Any, sample: Any, **kwargs: Any) -> float:
     return float(sample.response_length)
 
 
+FAULTS: dict[str, dict[str, Any]] = {}  # the emulator's fault for a request id, while a scenario runs
+
+
 @contextlib.contextmanager
 def wired(env: VimeEnv) -> Iterator[Counter[int]]:
     """Deterministic request ids ``s<index>a<attempt>`` (the server keys tokens by them)."""
@@ -424,12 +427,14 @@ def wired(env: VimeEnv) -> Iterator[Counter[int]]:
         SimpleNamespace(rollout_num_engines=1, vllm_server_concurrency=8, use_distributed_post=False)
     )
 
-    def open_stream(*args: Any, **kwargs: Any) -> Any:
-        stream = OPEN_STREAM(*args, **kwargs)
+    def open_stream(args: Any, settings: Any, payload: dict[str, Any], **kwargs: Any) -> Any:
+        fault = FAULTS.get(str(payload.get("request_id")))
+        stream = OPEN_STREAM(args, settings, {**payload, FAULT_KEY: fault} if fault else payload, **kwargs)
         OPENED.append(stream)
         return stream
 
     OPENED.clear()
+    FAULTS.clear()
     patch = pytest.MonkeyPatch()
     patch.setattr(_generate, "new_rid", rid)
     patch.setattr(_pools.POOLS, "open_stream", open_stream)
@@ -740,9 +745,12 @@ def scenario_keep_pause_with_a_version_change(env: VimeEnv, clear_cache: bool) -
     ):
         args = make_args(env, srv, use_rollout_routing_replay=True, rollout_max_response_len=60)
         sample = new_sample(env)
+        # The request stops at its 10th token until the pause call, which so lands mid-answer.
+        FAULTS["s000a00"] = {"kind": "hold", "at": 10}
 
         async def main() -> None:
-            call = await _started(srv, generate_and_rm(env, args, sample), "s000a00", 5)
+            call = await _started(srv, generate_and_rm(env, args, sample), "s000a00", 10)
+            assert srv.written("s000a00") == 10  # held there
             async with aiohttp.ClientSession() as session:
                 pause = {"mode": "keep", "clear_cache": str(clear_cache).lower()}
                 async with session.post(srv.url + "/pause", params=pause) as reply:
