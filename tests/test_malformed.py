@@ -134,6 +134,8 @@ CASES: dict[str, Case] = {
     "text-array": Case(_mutated(lambda e: e.__setitem__("text", ["a"])), FORMAT, "text"),
     # ---- lengths
     "totals-disagree": Case(_mutated(_meta("completion_tokens", 6)), LENGTH, "completion_tokens"),
+    # The log-probs' count fits the tokens held; only its disagreement with completion_tokens is wrong.
+    "totals-disagree-below": Case(_mutated(_meta("completion_tokens", 4)), LENGTH, "completion_tokens"),
     "cumulative-event": Case(
         orjson.dumps(normal_event(GEN, WireOptions(logprob_text=True), 0, 5)), LENGTH, "incremental"
     ),
