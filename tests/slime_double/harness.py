@@ -1214,8 +1214,10 @@ def scenario_custom_generate_and_rollout(env: SlimeEnv) -> None:
             patch = pytest.MonkeyPatch()
             patch.setattr(example, "TURN_TOKENS", 3000)  # a turn ends by its stop token or the abort
             # Group 0 (samples 0, 1) finishes its two turns each; in group 1, sample 2 does too
-            # while sample 3's second turn runs until the rollout is aborted.
-            stops = {"s000a00": 40, "s000a01": 2, "s001a00": 40, "s001a01": 3, "s002a00": 2, "s002a01": 2}
+            # while sample 3's second turn runs until the rollout is aborted. Group 0's first turns
+            # are 50 times sample 3's, so that its second turn is streaming when group 0 is done
+            # however loaded the machine.
+            stops = {"s000a00": 200, "s000a01": 2, "s001a00": 200, "s001a01": 3, "s002a00": 2, "s002a01": 2}
             wiring.plans.update({rid: {"stop_at": k} for rid, k in {**stops, "s003a00": 4}.items()})
             source = BufferedPrompts(env, args)
             try:
