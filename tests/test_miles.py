@@ -18,6 +18,8 @@ import pytest
 
 pytest.importorskip("torch")  # the slime harness this one builds on holds tensors
 pytest.importorskip("httpx")  # Miles' own client (its post and get)
+pytest.importorskip("ray")  # Miles' rollout imports it (the test extra has it; the wheels' fast tests do not)
+pytest.importorskip("sglang_router")  # Miles reads the router's version
 
 HARNESS = Path(__file__).resolve().parent / "miles_double" / "harness.py"
 # Registered under this name, so Miles' load_function reaches the harness's generate functions.

@@ -661,7 +661,7 @@ def scenario_weight_update_pause(env: SlimeEnv, pause_mode: str, incremental: bo
 
         async def main() -> None:
             call = await _start_and_wait(emu, fs.generate(args, sample, sampling_params(env, args)), 10)
-            assert emu.stats.written["s000a00"] == 10  # held there
+            assert emu.stats.tokens == 10  # held there
             async with aiohttp.ClientSession() as session:
                 # SGLang answers an abort pause once every stream ended, the others at once.
                 async with session.post(emu.url + "/pause_generation", json={"mode": pause_mode}) as reply:
