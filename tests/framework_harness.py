@@ -1,6 +1,6 @@
-"""The framework doubles' scenario harnesses (tests/slime_double/harness.py,
-tests/vime_double/harness.py), loaded once per session under the module names the frameworks'
-``load_function`` reaches them by (the reward function lives there)."""
+"""The framework doubles' scenario harnesses (tests/slime_double, tests/vime_double,
+tests/miles_double and tests/areal_double, each ``harness.py``), loaded once per session under the
+module names the frameworks' ``load_function`` reaches them by (the reward function lives there)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ("slime", "vime")
+__all__ = ("slime", "vime", "miles", "areal")
 
 TESTS = Path(__file__).resolve().parent
 
@@ -20,6 +20,14 @@ def slime() -> ModuleType:
 
 def vime() -> ModuleType:
     return _load("fastaccum_vime_harness", TESTS / "vime_double" / "harness.py")
+
+
+def miles() -> ModuleType:
+    return _load("fastaccum_miles_harness", TESTS / "miles_double" / "harness.py")
+
+
+def areal() -> ModuleType:
+    return _load("fastaccum_areal_harness", TESTS / "areal_double" / "harness.py")
 
 
 def _load(name: str, path: Path) -> ModuleType:

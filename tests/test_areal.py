@@ -5,32 +5,19 @@ against a real AReaL checkout in tests/test_areal_real.py)."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import framework_harness
 import numpy as np
 import pytest
 
 import fastaccum.areal
 
-
-def _harness() -> ModuleType:
-    name = "fastaccum_areal_harness"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "areal_double" / "harness.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # registered first: the reward function is pickled by this name
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-harness = _harness()
+harness = framework_harness.areal()  # registered by name: the reward function is pickled by it
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -21,9 +20,8 @@ pytest.importorskip("httpx")  # Miles' own client (its post and get)
 pytest.importorskip("ray")  # Miles' rollout imports it (the test extra has it; the wheels' fast tests do not)
 pytest.importorskip("sglang_router")  # Miles reads the router's version
 
-HARNESS = Path(__file__).resolve().parent / "miles_double" / "harness.py"
 # Registered under this name, so Miles' load_function reaches the harness's generate functions.
-harness = framework_harness._load("fastaccum_miles_harness", HARNESS)
+harness = framework_harness.miles()
 
 
 @pytest.fixture(scope="module", params=harness.TRANSPORTS)

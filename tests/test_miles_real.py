@@ -26,8 +26,7 @@ pytest.importorskip("torch")
 for needed in ("httpx", "pybase64", "ray", "sglang_router"):
     pytest.importorskip(needed)
 
-HARNESS = Path(__file__).resolve().parent / "miles_double" / "harness.py"
-harness = framework_harness._load("fastaccum_miles_harness", HARNESS)
+harness = framework_harness.miles()
 
 MILES_ROOTS = [str(Path(p).resolve()) for p in MILES_PATH.split(os.pathsep) if p]
 # The double on the default transport (tests/test_miles.py runs it on both), each checkout on both.

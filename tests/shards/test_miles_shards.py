@@ -18,8 +18,7 @@ pytest.importorskip("torch")  # the slime harness the Miles one builds on holds 
 pytest.importorskip("ray")
 pytest.importorskip("httpx")  # Miles' own client
 
-HARNESS = Path(__file__).resolve().parents[1] / "miles_double" / "harness.py"
-harness = framework_harness._load("fastaccum_miles_harness", HARNESS)
+harness = framework_harness.miles()
 REAL = [str(Path(p).resolve()) for p in os.environ.get("FASTACCUM_MILES_PATH", "").split(os.pathsep) if p]
 ENVS = [("double", harness.DOUBLE_ROOT)] + [("real", root) for root in REAL]
 
